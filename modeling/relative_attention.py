@@ -1,0 +1,136 @@
+"""What Transformer-XL and XLNet share: sinusoidal relative encodings, the relative shift, relative attention with
+the learned u / v biases, attention masks, and the stop-gradient memory update.
+
+Notation follows Dai et al. (2019), Sec. 3.3. For a query i and a key j the attention score is
+
+    A_ij = (E_xi W_q + u)^T W_k E_xj   [(a) content + (c) global content bias u]
+         + (E_xi W_q + v)^T W_kR R_i-j [(b) content-dependent position + (d) global position bias v]
+
+Terms (a)+(c) are an ordinary dot product of the biased query `q + u` with the keys, so they run inside a fused
+attention kernel. Terms (b)+(d) are computed against one row per relative distance and then re-indexed to
+(query, key) pairs by the relative shift (App. B); they enter the kernel as an additive score bias.
+
+All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def sinusoid_inverse_frequencies(dim: int) -> torch.Tensor:
+    """1 / 10000^(2k/dim) for k < dim/2: the frequencies of the sinusoid encoding (Vaswani et al. 2017)."""
+    return 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0) / dim))
+
+
+def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor) -> torch.Tensor:
+    """[..., len] positions -> [..., len, dim] encodings `cat(sin(p f), cos(p f))`, computed in fp32.
+
+    Positions stay fp32 even in half-precision models: bf16 cannot represent integers above 256 exactly.
+    """
+    angles = positions.float()[..., None] * inverse_frequencies.float()
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
+    """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
+
+    Row i of `position_scores` [..., q, R] holds the scores of query i against the R relative distances listed in
+    decreasing order. Shifting row i left by i is a strided view (stride R-1 between rows, start `offset`), so no
+    copy, pad or gather is needed (the "skewing" trick of Dai et al. App. B / Huang et al. 2018). Transformer-XL
+    uses `offset = q - 1` (distances k-1 ... 0); XLNet `offset = q` (distances k ... -q+1). Entries that would
+    read past the end of row i belong to future keys, which the causal mask removes.
+    """
+    scores = position_scores.contiguous()
+    *batch_strides, row_stride, _ = scores.stride()
+    shape = (*scores.shape[:-1], key_length)
+    return scores.as_strided(shape, (*batch_strides, row_stride - 1, 1), scores.storage_offset() + offset)
+
+
+def relative_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    content_bias: torch.Tensor | None = None,
+    score_bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    output_attentions: bool = False,
+):
+    """softmax(((q + u) k^T + score_bias) / sqrt(d)) v, with masked pairs removed.
+
+    - query [B, H, q, d], key / value [B, H, k, d]; content_bias (u) [H, d] or None;
+    - score_bias: the unscaled position terms (b)+(d), already shifted, plus any other term (XLNet's segment
+      term), broadcastable to [B, H, q, k], or None;
+    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None.
+
+    The default path is torch's fused `scaled_dot_product_attention` with the scaled score bias as its float mask;
+    `output_attentions=True` takes the eager path, which also returns the probabilities. Both give the same
+    numbers. Masked scores get the dtype's most negative finite value rather than -inf, so a fully masked query
+    row (a padding position) yields finite output instead of NaN.
+    """
+    scale = query.shape[-1] ** -0.5
+    if content_bias is not None:
+        query = query + content_bias[:, None, :].to(query.dtype)
+    bias = None
+    if score_bias is not None:
+        bias = score_bias.to(query.dtype) * scale
+    if mask is not None:
+        if bias is None:
+            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
+        bias = bias.masked_fill(mask, torch.finfo(query.dtype).min)
+    if not output_attentions:
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scale)
+        return output, None
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = torch.matmul(F.dropout(probs, p=dropout, training=dropout > 0), value)
+    return output, probs
+
+
+def causal_memory_mask(
+    query_length: int,
+    memory_length: int,
+    same_length: bool = False,
+    same_length_span: int | None = None,
+    device=None,
+) -> torch.Tensor:
+    """[q, m + q] boolean mask, True where query i (at position m + i) may not attend to key j.
+
+    Key j is masked when it lies in the future (j > m + i). With `same_length`, every query also drops its oldest
+    keys so that all queries see the same number of keys (Dai et al. App. / `same_length` in the original code):
+    keys with j <= i - s are masked, where `s = same_length_span` (defaults to q).
+    """
+    key_length = memory_length + query_length
+    ones = torch.ones(query_length, key_length, dtype=torch.bool, device=device)
+    mask = torch.triu(ones, diagonal=1 + memory_length)
+    if same_length:
+        span = query_length if same_length_span is None else same_length_span
+        mask = mask | torch.tril(ones, diagonal=-span)
+    return mask
+
+
+def update_memory(memory: torch.Tensor | None, hidden: torch.Tensor, mem_len: int | None) -> torch.Tensor:
+    """The next segment's memory: the last `mem_len` positions of [memory; hidden], detached.
+
+    This is SG(h^{n-1}_{tau}) of Dai et al. eq. (1): no gradient flows into the memory. `mem_len=None` keeps
+    everything (XLNet's Hub configs say `mem_len: null`). Batch-first [B, L, d].
+    """
+    with torch.no_grad():
+        joined = hidden if memory is None or memory.shape[1] == 0 else torch.cat([memory, hidden], dim=1)
+        if mem_len is not None:
+            joined = joined[:, max(joined.shape[1] - mem_len, 0) :]
+        return joined.detach()
+
+
+def check_memory(mems, num_layers: int, batch_size: int, width: int, model_name: str):
+    """Validate user-supplied legacy `mems` (one [mem_len, batch, width] tensor per layer) with a clear error."""
+    if len(mems) != num_layers:
+        raise ValueError(f"{model_name}: `mems` has {len(mems)} entries; expected one per layer ({num_layers}).")
+    for i, mem in enumerate(mems):
+        if mem.dim() != 3 or mem.shape[1] != batch_size or mem.shape[2] != width:
+            raise ValueError(
+                f"{model_name}: `mems[{i}]` has shape {tuple(mem.shape)}; expected [mem_len, batch_size={batch_size}, "
+                f"d_model={width}] (time-major, as returned in `outputs.mems`)."
+            )
