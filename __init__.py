@@ -4,10 +4,25 @@ Importing the package registers model type `transfo-xl` with the Auto classes. X
 built-in registration; our XLNet classes are imported from here (see README, "Auto classes").
 """
 
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from .modeling.configuration_transfo_xl import TransfoXLConfig
+from .modeling.modeling_transfo_xl import (
+    TransfoXLForSequenceClassification,
+    TransfoXLLMHeadModel,
+    TransfoXLModel,
+    TransfoXLPreTrainedModel,
+)
 
 AutoConfig.register(TransfoXLConfig.model_type, TransfoXLConfig)
+AutoModel.register(TransfoXLConfig, TransfoXLModel)
+AutoModelForCausalLM.register(TransfoXLConfig, TransfoXLLMHeadModel)
+AutoModelForSequenceClassification.register(TransfoXLConfig, TransfoXLForSequenceClassification)
 
-__all__ = ["TransfoXLConfig"]
+__all__ = [
+    "TransfoXLConfig",
+    "TransfoXLPreTrainedModel",
+    "TransfoXLModel",
+    "TransfoXLLMHeadModel",
+    "TransfoXLForSequenceClassification",
+]

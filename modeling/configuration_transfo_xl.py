@@ -91,7 +91,6 @@ class TransfoXLConfig(PreTrainedConfig):
         if tie_projs is None:
             tie_projs = [False] + [proj_share_all_but_first] * len(self.cutoffs)
         self.tie_projs = list(tie_projs)
-        self.tie_weight = tie_weight
         self.attn_type = attn_type
         self.sample_softmax = sample_softmax
         self.adaptive = adaptive
@@ -108,8 +107,9 @@ class TransfoXLConfig(PreTrainedConfig):
         self.zero_initial_mems = zero_initial_mems
         # transformers v5 ties weights only when `tie_word_embeddings` is true; which pairs are tied is decided per
         # model from `tie_weight` and `tie_projs` (see TransfoXLPreTrainedModel), so this is just the master switch.
-        kwargs.pop("tie_word_embeddings", None)
-        self.tie_word_embeddings = bool(tie_weight or any(self.tie_projs))
+        # (4.x files may say `tie_word_embeddings: false` instead of `tie_weight`; either one unties the softmax.)
+        self.tie_weight = bool(tie_weight and kwargs.pop("tie_word_embeddings", True))
+        self.tie_word_embeddings = self.tie_weight or any(self.tie_projs)
         super().__init__(eos_token_id=eos_token_id, **kwargs)
         self._check_fields()
 

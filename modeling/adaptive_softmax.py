@@ -1,0 +1,171 @@
+"""Adaptive input embeddings, the projected adaptive log-softmax, and the log-uniform sampled softmax.
+
+The vocabulary is split by `cutoffs` into a head cluster (frequent ids) and tail clusters. Cluster i embeds its ids
+in `d_embed // div_val**i` dimensions and projects them to the model width (Baevski & Auli 2019, adaptive input);
+the output distribution factorises as p(w) = p(cluster | h) p(w | cluster, h) (Grave et al. 2017, adaptive
+softmax): the head softmax scores the head ids plus one logit per tail cluster.
+
+Parameter names (`emb_layers`, `emb_projs`, `out_layers`, `out_projs`, `cluster_weight`, `cluster_bias`) are those
+of the legacy checkpoints. Projections are stored [d_proj, d_emb] and applied as `x @ proj` (output side) or
+`F.linear(x, proj)` (input side).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
+    """[(start, end)] id range of each cluster: head first, then the tails."""
+    ends = [0] + list(cutoffs) + [vocab_size]
+    return list(zip(ends[:-1], ends[1:]))
+
+
+def cluster_dims(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
+    """Embedding width of each cluster: d_embed / div_val^i (all d_embed when div_val == 1)."""
+    return [d_embed // (div_val**i) for i in range(num_clusters)]
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Token ids -> [.., d_proj] embeddings scaled by sqrt(d_proj), one table and projection per cluster."""
+
+    def __init__(self, vocab_size, d_embed, d_proj, cutoffs, div_val=1, sparse=False):
+        super().__init__()
+        self.vocab_size, self.d_proj, self.div_val = vocab_size, d_proj, div_val
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        self.emb_scale = d_proj**0.5
+        self.emb_layers = nn.ModuleList()
+        self.emb_projs = nn.ParameterList()
+        if div_val == 1:
+            # One table for the whole vocabulary; a projection only when widths differ.
+            self.emb_layers.append(nn.Embedding(vocab_size, d_embed, sparse=sparse))
+            if d_proj != d_embed:
+                self.emb_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)))
+        else:
+            for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
+                self.emb_layers.append(nn.Embedding(end - start, dim))
+                self.emb_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.div_val == 1:
+            embeddings = self.emb_layers[0](input_ids)
+            if len(self.emb_projs):
+                embeddings = F.linear(embeddings, self.emb_projs[0])
+        else:
+            flat_ids = input_ids.reshape(-1)
+            # Allocated in the compute dtype: a fp32 buffer would reject fp16/bf16 rows (HF #19914).
+            dtype = self.emb_projs[0].dtype
+            flat = torch.zeros(flat_ids.shape[0], self.d_proj, dtype=dtype, device=flat_ids.device)
+            for (start, end), table, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
+                rows = ((flat_ids >= start) & (flat_ids < end)).nonzero().squeeze(-1)
+                cluster_embeddings = F.linear(table(flat_ids[rows] - start), proj)
+                flat.index_copy_(0, rows, cluster_embeddings.to(dtype))
+            embeddings = flat.view(*input_ids.shape, self.d_proj)
+        return embeddings * self.emb_scale
+
+
+class ProjectedAdaptiveLogSoftmax(nn.Module):
+    """Hidden states -> log-probabilities over the vocabulary (or the NLL of given targets).
+
+    The head cluster's softmax covers `cutoffs[0]` ids plus one logit per tail cluster; the log-probability of an
+    id in tail cluster i is log p(cluster i) (head column `cutoffs[0] + i - 1`) + log p(id | cluster i). The legacy
+    `log_prob()` read column `-i` (reversed order) and mis-sliced; this module has one code path for both.
+    """
+
+    def __init__(self, vocab_size, d_embed, d_proj, cutoffs, div_val=1):
+        super().__init__()
+        self.vocab_size, self.div_val = vocab_size, div_val
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        self.head_size = self.bounds[0][1] + len(cutoffs)
+        if cutoffs:
+            self.cluster_weight = nn.Parameter(torch.empty(len(cutoffs), d_embed))
+            self.cluster_bias = nn.Parameter(torch.empty(len(cutoffs)))
+        self.out_layers = nn.ModuleList()
+        self.out_projs = nn.ParameterList()
+        if div_val == 1:
+            # One output layer sliced per cluster; each cluster may still have its own projection.
+            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            for _ in self.bounds:
+                self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)) if d_proj != d_embed else None)
+        else:
+            for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
+                self.out_layers.append(nn.Linear(dim, end - start))
+                self.out_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
+        """Logits of cluster `cluster`'s ids (for the head: plus the tail-cluster logits)."""
+        if self.div_val == 1:
+            start, end = self.bounds[cluster]
+            weight = self.out_layers[0].weight[start:end]
+            bias = self.out_layers[0].bias[start:end]
+        else:
+            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
+        if cluster == 0 and len(self.bounds) > 1:
+            weight = torch.cat([weight, self.cluster_weight], dim=0)
+            bias = torch.cat([bias, self.cluster_bias], dim=0)
+        proj = self.out_projs[cluster]
+        if proj is not None:
+            hidden = hidden @ proj
+        return F.linear(hidden, weight, bias)
+
+    def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32)."""
+        head = torch.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)
+        head_end = self.bounds[0][1]
+        pieces = [head[:, :head_end]]
+        for cluster in range(1, len(self.bounds)):
+            tail = torch.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
+            pieces.append(head[:, head_end + cluster - 1, None] + tail)
+        return torch.cat(pieces, dim=-1)
+
+    def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32).
+
+        Each tail cluster's softmax is computed only for the rows whose target falls in it.
+        """
+        head = torch.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)
+        head_end = self.bounds[0][1]
+        in_head = target < head_end
+        nll = -head.gather(1, target.clamp(max=head_end - 1)[:, None]).squeeze(1) * in_head
+        for cluster in range(1, len(self.bounds)):
+            start, end = self.bounds[cluster]
+            rows = ((target >= start) & (target < end)).nonzero().squeeze(-1)
+            tail = torch.log_softmax(self._cluster_logits(hidden[rows], cluster).float(), dim=-1)
+            log_p = head[rows, head_end + cluster - 1] + tail.gather(1, (target[rows] - start)[:, None]).squeeze(1)
+            nll = nll.index_put((rows,), -log_p)
+        return nll
+
+
+class LogUniformSampler:
+    """Draws negative ids from the log-uniform (Zipfian) distribution P(k) = log((k+2)/(k+1)) / log(V+1).
+
+    The original code's sampler for `sample_softmax > 0`: ids are assumed sorted by frequency. `log_q` is the log of
+    the probability that an id appears at least once among 2 * n_sample draws (Jean et al. 2015 correction).
+    """
+
+    def __init__(self, vocab_size: int, n_sample: int):
+        log_indices = torch.arange(1.0, vocab_size + 2.0).log()
+        self.dist = (log_indices[1:] - log_indices[:-1]) / log_indices[-1]
+        self.log_q = (-(-self.dist.double().log1p() * 2 * n_sample).expm1()).log().float()
+        self.n_sample = n_sample
+
+    def sample(self, labels: torch.Tensor):
+        """(log q of the labels, log q of the negatives, the unique negative ids)."""
+        negatives = torch.multinomial(self.dist, 2 * self.n_sample, replacement=True).unique().to(labels.device)
+        log_q = self.log_q.to(labels.device)
+        return log_q[labels], log_q[negatives], negatives
+
+
+def sampled_softmax_nll(embedding, bias, labels, hidden, sampler):
+    """NLL of `labels` [N] under a softmax over the label and shared log-uniform negatives (training only).
+
+    Scores use the tied input embedding (`embedding(ids)`, scaled as in the model input) and a per-id output bias;
+    each score is corrected by -log q (sampled softmax, Jean et al. 2015), negatives equal to the label are removed.
+    """
+    true_log_q, sample_log_q, negatives = sampler.sample(labels)
+    true_w, sample_w = embedding(labels), embedding(negatives)
+    true_logit = (true_w * hidden).sum(-1) + bias[labels] - true_log_q
+    sample_logit = hidden @ sample_w.t() + bias[negatives] - sample_log_q
+    sample_logit = sample_logit.masked_fill(labels[:, None] == negatives, torch.finfo(sample_logit.dtype).min)
+    logits = torch.cat([true_logit[:, None], sample_logit], dim=-1)
+    return -torch.log_softmax(logits.float(), dim=-1)[:, 0]

@@ -1,0 +1,623 @@
+"""Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context").
+
+A decoder-only Transformer whose layers attend over [memory; segment]: the memory holds each layer's inputs from
+earlier segments, detached (segment-level recurrence, Sec. 3.2), and positions enter attention only as relative
+distances (Sec. 3.3). Parameter names are those of transformers 4.x `TransfoXL*`, so legacy checkpoints load as they
+are.
+
+Memory layout: `mems` (inputs and outputs) is a tuple with one tensor per layer, `mems[i]` = the last `mem_len`
+inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. Inside, everything is batch-first.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import ModelOutput
+
+from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
+from .configuration_transfo_xl import TransfoXLConfig
+from .relative_attention import (
+    causal_memory_mask,
+    check_memory,
+    relative_attention,
+    relative_shift,
+    sinusoid_encoding,
+    sinusoid_inverse_frequencies,
+    update_memory,
+)
+
+
+@dataclass
+class TransfoXLModelOutput(ModelOutput):
+    """Base model output. `mems`: the next segment's memory (see the module docstring for the layout)."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class TransfoXLLMHeadModelOutput(ModelOutput):
+    """LM output. Position t predicts `labels[:, t + 1]` (labels are shifted inside, like every causal LM).
+
+    - `loss`: mean NLL over the predicted tokens whose label is not -100 (a scalar, as Trainer expects);
+    - `losses`: per-token NLL [batch, seq_len - 1], 0 where the label is -100;
+    - `logits`: log-probabilities over the full vocabulary [batch, seq_len, vocab_size], computed only when no
+      labels are given (the adaptive softmax never needs them for the loss).
+    """
+
+    loss: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+    @property
+    def prediction_scores(self):
+        """The legacy name of `logits`."""
+        return self.logits
+
+
+@dataclass
+class TransfoXLSequenceClassifierOutputWithPast(ModelOutput):
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class TransfoXLPositionalEmbedding(nn.Module):
+    """Sinusoid encodings of relative distances (Sec. 3.3: R is a sinusoid matrix without learnable parameters)."""
+
+    def __init__(self, d_model):
+        super().__init__()
+        self.register_buffer("inv_freq", sinusoid_inverse_frequencies(d_model))  # persistent: legacy files hold it
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return sinusoid_encoding(positions, self.inv_freq)
+
+
+class TransfoXLAttention(nn.Module):
+    """Multi-head attention of a segment over [memory; segment], with the position scheme of `attn_type`.
+
+    attn_type 0 scores a query against a key with Dai et al. eq. (terms a-d): `(q + u) k + shift((q + v) W_R R)`;
+    attn_type 1 (Shaw et al.) uses learned per-distance key embeddings and biases: `(q + u) k + shift(q r_emb + r_bias)`;
+    attn_types 2 and 3 add absolute positions to the inputs instead (see TransfoXLLayer) and score plain `q k`.
+    """
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__()
+        self.n_head, self.d_head = config.n_head, config.d_head
+        self.attn_type, self.pre_lnorm = config.attn_type, config.pre_lnorm
+        inner = config.n_head * config.d_head
+        self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
+        self.o_net = nn.Linear(inner, config.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = config.dropatt
+        if config.attn_type == 0:
+            self.r_net = nn.Linear(config.d_model, inner, bias=False)
+            if config.untie_r:
+                self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+                self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        elif config.attn_type == 1:
+            max_klen = config.tgt_len + config.ext_len + config.mem_len
+            self.r_emb = nn.Parameter(torch.empty(max_klen, config.n_head, config.d_head))
+            self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+            self.r_bias = nn.Parameter(torch.empty(max_klen, config.n_head))
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, H * D] -> [B, H, L, D]."""
+        return x.view(*x.shape[:2], self.n_head, self.d_head).transpose(1, 2)
+
+    def project_keys_values(self, context: torch.Tensor):
+        """Keys and values [B, H, L, D] of layer inputs `context` (normalised first under pre-LN)."""
+        if self.pre_lnorm:
+            context = self.layer_norm(context)
+        inner = self.n_head * self.d_head
+        key, value = F.linear(context, self.qkv_net.weight[inner:]).chunk(2, dim=-1)
+        return self._heads(key), self._heads(value)
+
+    def _position_scores(self, query, key_length, position_embedding, r_r_bias):
+        """Terms (b)+(d) for every (query, key) pair, [B, H, q, k] (None for absolute attention types)."""
+        if self.attn_type == 0:
+            position_keys = self._heads(self.r_net(position_embedding)[None])[0]  # [H, R, D], projected once
+            scores = torch.matmul(query + r_r_bias[:, None, :], position_keys.transpose(-1, -2))
+        elif self.attn_type == 1:
+            r_emb, r_bias = self.r_emb, self.r_bias
+            if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
+                pad = key_length - r_emb.shape[0]
+                r_emb = torch.cat([r_emb[:1].expand(pad, -1, -1), r_emb])
+                r_bias = torch.cat([r_bias[:1].expand(pad, -1), r_bias])
+            r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
+            scores = torch.matmul(query, r_emb.permute(1, 2, 0)) + r_bias.t()[:, None, :]
+        else:
+            return None
+        # Row i lists distances k-1 ... 0; key j of query i is at distance (k - q + i) - j.
+        return relative_shift(scores, key_length, offset=query.shape[2] - 1)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        memory: torch.Tensor | None,
+        memory_key_values: tuple[torch.Tensor, torch.Tensor] | None,
+        position_embedding: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        biases: tuple[torch.Tensor, torch.Tensor] | None,
+        output_attentions: bool = False,
+    ):
+        """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities, (keys, values)).
+
+        `memory_key_values` are the memory's keys and values when already known (generation cache); they depend
+        only on the memory, so reusing them is exact. The returned keys / values cover [memory; segment].
+        """
+        query_length = hidden.shape[1]
+        normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
+        query = self._heads(F.linear(normed, self.qkv_net.weight[: self.n_head * self.d_head]))
+        if memory_key_values is not None:
+            key, value = self.project_keys_values(hidden)
+            key = torch.cat([memory_key_values[0], key], dim=2)
+            value = torch.cat([memory_key_values[1], value], dim=2)
+        else:
+            context = hidden if memory is None else torch.cat([memory, hidden], dim=1)
+            key, value = self.project_keys_values(context)
+
+        r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
+        if self.attn_type == 0 and biases is None:
+            r_r_bias = self.r_r_bias
+        position_scores = self._position_scores(query, key.shape[2], position_embedding, r_r_bias)
+        attention, probs = relative_attention(
+            query,
+            key,
+            value,
+            content_bias=r_w_bias,
+            score_bias=position_scores,
+            mask=mask,
+            dropout=self.dropatt if self.training else 0.0,
+            output_attentions=output_attentions,
+        )
+        attention = attention.transpose(1, 2).reshape(hidden.shape[0], query_length, -1)
+        output = self.drop(self.o_net(attention))
+        output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)
+        return output, probs, (key, value)
+
+
+class TransfoXLFeedForward(nn.Module):
+    """Position-wise feed-forward block with residual and (pre- or post-) layer norm; legacy names `CoreNet.{0,3}`."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__()
+        self.pre_lnorm = config.pre_lnorm
+        self.CoreNet = nn.Sequential(
+            nn.Linear(config.d_model, config.d_inner),
+            nn.ReLU(inplace=True),
+            nn.Dropout(config.dropout),
+            nn.Linear(config.d_inner, config.d_model),
+            nn.Dropout(config.dropout),
+        )
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.pre_lnorm:
+            return hidden + self.CoreNet(self.layer_norm(hidden))
+        return self.layer_norm(hidden + self.CoreNet(hidden))
+
+
+class TransfoXLLayer(GradientCheckpointingLayer):
+    """One decoder layer: attention over [memory; segment], then the feed-forward block.
+
+    For attn_type 3 (Al-Rfou et al.) the layer first adds its learned absolute position embedding to its input
+    and to the memory (the memory itself stores the inputs without it).
+    """
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__()
+        self.dec_attn = TransfoXLAttention(config)
+        self.pos_ff = TransfoXLFeedForward(config)
+        if config.attn_type == 3:
+            max_klen = config.tgt_len + config.ext_len + config.mem_len
+            self.r_emb = nn.Parameter(torch.empty(max_klen, config.n_head, config.d_head))
+
+    def _add_absolute_positions(self, hidden, memory):
+        table = self.r_emb.flatten(1)  # [max_klen, d_model]; the last rows belong to the newest positions
+        query_length, memory_length = hidden.shape[1], 0 if memory is None else memory.shape[1]
+        hidden = hidden + table[-query_length:]
+        if memory_length:
+            older = table[:-query_length]
+            if older.shape[0] < memory_length:  # older positions than the table covers share its first row
+                older = torch.cat([older[:1].expand(memory_length - older.shape[0], -1), older])
+            memory = memory + older[older.shape[0] - memory_length :]
+        return hidden, memory
+
+    def forward(
+        self,
+        hidden,
+        memory=None,
+        memory_key_values=None,
+        position_embedding=None,
+        mask=None,
+        biases=None,
+        output_attentions=False,
+    ):
+        if hasattr(self, "r_emb"):
+            hidden, memory = self._add_absolute_positions(hidden, memory)
+            memory_key_values = None  # the memory's keys depend on this segment's position offsets
+        output, probs, key_values = self.dec_attn(
+            hidden, memory, memory_key_values, position_embedding, mask, biases, output_attentions
+        )
+        return self.pos_ff(output), probs, key_values
+
+
+class TransfoXLPreTrainedModel(PreTrainedModel):
+    config_class = TransfoXLConfig
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransfoXLLayer"]
+    _supports_sdpa = True
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """The memory is not a key/value cache: `generate` must not substitute a DynamicCache for it."""
+        return False
+
+    def _init_weights(self, module):
+        """The original code's initialisation (`weights_init` in kimiyoung/transformer-xl)."""
+        config = self.config
+
+        def init_weight(tensor):
+            if config.init == "uniform":
+                init.uniform_(tensor, -config.init_range, config.init_range)
+            else:
+                init.normal_(tensor, 0.0, config.init_std)
+
+        if isinstance(module, nn.Linear):
+            init_weight(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init_weight(module.weight)
+        elif isinstance(module, nn.LayerNorm):
+            init.normal_(module.weight, 1.0, config.init_std)
+            init.zeros_(module.bias)
+        elif isinstance(module, AdaptiveEmbedding):
+            for proj in module.emb_projs:
+                init.normal_(proj, 0.0, config.proj_init_std)
+        elif isinstance(module, ProjectedAdaptiveLogSoftmax):
+            for proj in module.out_projs:
+                if proj is not None:
+                    init.normal_(proj, 0.0, config.proj_init_std)
+            if hasattr(module, "cluster_weight"):
+                init_weight(module.cluster_weight)
+                init.zeros_(module.cluster_bias)
+        elif isinstance(module, TransfoXLPositionalEmbedding):
+            init.copy_(module.inv_freq, sinusoid_inverse_frequencies(module.inv_freq.shape[0] * 2))
+        elif isinstance(module, (TransfoXLAttention, TransfoXLLayer, TransfoXLModel)):
+            for name in ("r_w_bias", "r_r_bias", "r_emb"):
+                if isinstance(getattr(module, name, None), nn.Parameter):
+                    init_weight(getattr(module, name))
+            if isinstance(getattr(module, "r_bias", None), nn.Parameter):
+                init.zeros_(module.r_bias)
+        elif isinstance(module, TransfoXLLMHeadModel) and module.out_bias is not None:
+            init.zeros_(module.out_bias)
+
+
+class TransfoXLModel(TransfoXLPreTrainedModel):
+    """Adaptive input embedding -> n_layer decoder layers over [memory; segment] -> hidden states and new memory."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config)
+        self.word_emb = AdaptiveEmbedding(
+            config.vocab_size,
+            config.d_embed,
+            config.d_model,
+            config.cutoffs,
+            div_val=config.div_val,
+            sparse=config.sample_softmax > 0,
+        )
+        self.drop = nn.Dropout(config.dropout)
+        if config.attn_type in (0, 2):
+            self.pos_emb = TransfoXLPositionalEmbedding(config.d_model)
+        if config.attn_type == 0 and not config.untie_r:
+            # One pair of u / v biases shared by all layers. Legacy files also store a copy under every layer.
+            self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+            self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+            self._keys_to_ignore_on_load_unexpected = [r"layers\.\d+\.dec_attn\.r_[wr]_bias$"]
+        self.layers = nn.ModuleList(TransfoXLLayer(config) for _ in range(config.n_layer))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.word_emb
+
+    def set_input_embeddings(self, new_embeddings):
+        self.word_emb = new_embeddings
+
+    def _check_input_ids(self, input_ids):
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= self.config.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"TransfoXLModel: input id {bad} is out of range; ids must be in [0, vocab_size={self.config.vocab_size})."
+            )
+
+    def _initial_memory(self, mems, batch_size, dtype, device):
+        """Per-layer batch-first memory: the given `mems`, legacy zero vectors, or None (empty)."""
+        if mems is not None:
+            check_memory(mems, self.config.n_layer, batch_size, self.config.d_model, "TransfoXLModel")
+            return [m.transpose(0, 1) for m in mems]
+        if self.config.zero_initial_mems and self.config.mem_len > 0:
+            zeros = torch.zeros(batch_size, self.config.mem_len, self.config.d_model, dtype=dtype, device=device)
+            return [zeros] * self.config.n_layer
+        return [None] * self.config.n_layer
+
+    def _attention_mask(self, query_length, memory_length, attention_mask, device):
+        """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
+        and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
+        whole history; its last k columns are then the memory and the segment."""
+        key_length = memory_length + query_length
+        overflow = key_length - self.config.mem_len  # keys beyond mem_len (legacy `same_length` span)
+        span = query_length - overflow if overflow > 0 else query_length
+        mask = causal_memory_mask(query_length, memory_length, self.config.same_length, span, device=device)
+        mask = mask[None, None]
+        if attention_mask is not None:
+            keep = attention_mask.bool()
+            if keep.shape[1] >= key_length:
+                keep = keep[:, -key_length:]
+            elif keep.shape[1] == query_length:
+                keep = F.pad(keep, (memory_length, 0), value=True)
+            else:
+                raise ValueError(
+                    f"TransfoXLModel: attention_mask has {keep.shape[1]} columns; expected the segment length "
+                    f"({query_length}) or at least memory + segment ({key_length})."
+                )
+            mask = mask | ~keep[:, None, None, :]
+        return mask
+
+    def _position_embedding(self, key_length, device):
+        """Encodings of distances k-1 ... 0 (clamped at `clamp_len`), with dropout; None for learned schemes."""
+        if not hasattr(self, "pos_emb"):
+            return None
+        positions = torch.arange(key_length - 1, -1, -1.0, device=device)
+        if self.config.clamp_len > 0:
+            positions = positions.clamp(max=self.config.clamp_len)
+        return self.drop(self.pos_emb(positions))
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransfoXLModelOutput | tuple:
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("TransfoXLModel: pass exactly one of `input_ids` and `inputs_embeds`.")
+        if input_ids is not None:
+            self._check_input_ids(input_ids)
+            inputs_embeds = self.word_emb(input_ids)
+        batch_size, query_length = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+
+        memory = self._initial_memory(mems, batch_size, inputs_embeds.dtype, device)
+        memory_length = 0 if memory[0] is None else memory[0].shape[1]
+        key_length = memory_length + query_length
+        mask = self._attention_mask(query_length, memory_length, attention_mask, device)
+        position_embedding = self._position_embedding(key_length, device)
+        biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
+
+        if config.attn_type == 2:  # vanilla absolute positions: added once to the segment and layer 0's memory
+            position_embedding = position_embedding.to(inputs_embeds.dtype)
+            inputs_embeds = inputs_embeds + position_embedding[memory_length:]
+            if memory_length:
+                memory[0] = memory[0] + position_embedding[:memory_length]
+        hidden = self.drop(inputs_embeds)
+
+        layer_inputs, all_attentions = [], []
+        for layer, layer_memory in zip(self.layers, memory):
+            layer_inputs.append(hidden)
+            hidden, probs, _ = layer(
+                hidden,
+                memory=layer_memory,
+                position_embedding=position_embedding,
+                mask=mask,
+                biases=biases,
+                output_attentions=output_attentions,
+            )
+            all_attentions.append(probs)
+        hidden = self.drop(hidden)
+
+        new_mems = None
+        if config.mem_len > 0:
+            if config.attn_type == 2 and memory_length:
+                memory[0] = mems[0].transpose(0, 1)  # store layer 0's memory without its absolute positions
+            kept = query_length - config.ext_len  # the last ext_len tokens are re-fed, not remembered
+            new_mems = tuple(
+                update_memory(m, x[:, :kept], config.mem_len).transpose(0, 1) for m, x in zip(memory, layer_inputs)
+            )
+        hidden_states = tuple(layer_inputs) + (hidden,) if output_hidden_states else None
+        attentions = tuple(all_attentions) if output_attentions else None
+        if not return_dict:
+            return tuple(v for v in (hidden, new_mems, hidden_states, attentions) if v is not None)
+        return TransfoXLModelOutput(
+            last_hidden_state=hidden, mems=new_mems, hidden_states=hidden_states, attentions=attentions
+        )
+
+
+def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) -> dict[str, str]:
+    """{target: source} regexes: softmax layers tied to the embedding tables (`tie_weight`) and projections tied
+    to the embedding projections (`tie_projs[i]`; with div_val 1 every cluster shares `emb_projs.0`)."""
+    ties = {}
+    if config.tie_weight:
+        for i in range(len(crit.out_layers)):
+            ties[rf"crit\.out_layers\.{i}\.weight$"] = rf"transformer\.word_emb\.emb_layers\.{i}\.weight$"
+    for i, tie in enumerate(config.tie_projs):
+        if tie and crit.out_projs[i] is not None:
+            source = 0 if config.div_val == 1 else i
+            ties[rf"crit\.out_projs\.{i}$"] = rf"transformer\.word_emb\.emb_projs\.{source}$"
+    return ties
+
+
+class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
+    """Transformer-XL with the projected adaptive softmax (optionally trained with a sampled softmax)."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config)
+        self.transformer = TransfoXLModel(config)
+        self.crit = ProjectedAdaptiveLogSoftmax(
+            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, div_val=config.div_val
+        )
+        self.out_bias = None
+        if config.sample_softmax > 0:
+            self.out_bias = nn.Parameter(torch.empty(config.vocab_size))
+            self.sampler = LogUniformSampler(config.vocab_size, config.sample_softmax)
+        self._tied_weights_keys = _tied_weights(config, self.crit)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> TransfoXLLMHeadModelOutput | tuple:
+        """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions.
+        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state
+        loss = losses = logits = None
+        if labels is None:
+            kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+            logits = self.crit.log_prob(kept.reshape(-1, kept.shape[-1])).view(*kept.shape[:2], -1)
+        else:
+            losses, loss = self._losses(hidden, labels, num_items_in_batch)
+
+        if not return_dict:
+            fields = (loss, losses, logits, outputs.mems, outputs.hidden_states, outputs.attentions)
+            return tuple(v for v in fields if v is not None)
+        return TransfoXLLMHeadModelOutput(
+            loss=loss,
+            losses=losses,
+            logits=logits,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    def _losses(self, hidden, labels, num_items_in_batch):
+        """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""
+        hidden, target = hidden[:, :-1], labels[:, 1:].to(hidden.device)
+        valid = target != -100
+        flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+        rows = valid.reshape(-1).nonzero().squeeze(-1)
+        if self.out_bias is not None and self.training:
+            nll = sampled_softmax_nll(
+                self.transformer.word_emb, self.out_bias, flat_target[rows], flat_hidden[rows], self.sampler
+            )
+        else:
+            nll = self.crit.nll(flat_hidden[rows], flat_target[rows])
+        losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
+        denominator = num_items_in_batch if num_items_in_batch is not None else valid.sum().clamp(min=1)
+        return losses.view(target.shape), nll.sum() / denominator
+
+
+class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
+    """Transformer-XL with a linear classifier on the last non-padding token (works for left and right padding)."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = TransfoXLModel(config)
+        self.score = nn.Linear(config.d_model, config.num_labels, bias=False)
+        self.post_init()
+
+    def _last_token_index(self, input_ids, attention_mask, batch_size, seq_len, device):
+        if attention_mask is not None:
+            positions = torch.arange(attention_mask.shape[1], device=device)
+            return (attention_mask[:, -seq_len:].to(device).bool() * positions[-seq_len:]).argmax(-1) - (
+                attention_mask.shape[1] - seq_len
+            )
+        if input_ids is not None and self.config.pad_token_id is not None:
+            is_token = input_ids != self.config.pad_token_id
+            return (is_token * torch.arange(seq_len, device=device)).argmax(-1)
+        return torch.full((batch_size,), seq_len - 1, device=device)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state
+        batch_size, seq_len = hidden.shape[:2]
+        last = self._last_token_index(input_ids, attention_mask, batch_size, seq_len, hidden.device)
+        logits = self.score(hidden[torch.arange(batch_size, device=hidden.device), last])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        if not return_dict:
+            fields = (loss, logits, outputs.mems, outputs.hidden_states, outputs.attentions)
+            return tuple(v for v in fields if v is not None)
+        return TransfoXLSequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+__all__ = [
+    "TransfoXLPreTrainedModel",
+    "TransfoXLModel",
+    "TransfoXLLMHeadModel",
+    "TransfoXLForSequenceClassification",
+]
