@@ -287,13 +287,11 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.normal_(module.weight, 1.0, config.init_std)
             init.zeros_(module.bias)
-        elif isinstance(module, AdaptiveEmbedding):
-            for proj in module.emb_projs:
-                init.normal_(proj, 0.0, config.proj_init_std)
-        elif isinstance(module, ProjectedAdaptiveLogSoftmax):
-            for proj in module.out_projs:
+        elif isinstance(module, nn.ParameterList):  # the adaptive embedding's and softmax's projections
+            for proj in module:
                 if proj is not None:
                     init.normal_(proj, 0.0, config.proj_init_std)
+        elif isinstance(module, ProjectedAdaptiveLogSoftmax):
             if hasattr(module, "cluster_weight"):
                 init_weight(module.cluster_weight)
                 init.zeros_(module.cluster_bias)
@@ -381,14 +379,14 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             mask = mask | ~keep[:, None, None, :]
         return mask
 
-    def _position_embedding(self, key_length, device):
+    def _position_embedding(self, key_length, dtype, device):
         """Encodings of distances k-1 ... 0 (clamped at `clamp_len`), with dropout; None for learned schemes."""
         if not hasattr(self, "pos_emb"):
             return None
         positions = torch.arange(key_length - 1, -1, -1.0, device=device)
         if self.config.clamp_len > 0:
             positions = positions.clamp(max=self.config.clamp_len)
-        return self.drop(self.pos_emb(positions))
+        return self.drop(self.pos_emb(positions).to(dtype))
 
     def forward(
         self,
@@ -419,11 +417,10 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         memory_length = 0 if memory[0] is None else memory[0].shape[1]
         key_length = memory_length + query_length
         mask = self._attention_mask(query_length, memory_length, attention_mask, device)
-        position_embedding = self._position_embedding(key_length, device)
+        position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
 
         if config.attn_type == 2:  # vanilla absolute positions: added once to the segment and layer 0's memory
-            position_embedding = position_embedding.to(inputs_embeds.dtype)
             inputs_embeds = inputs_embeds + position_embedding[memory_length:]
             if memory_length:
                 memory[0] = memory[0] + position_embedding[:memory_length]
