@@ -46,6 +46,26 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
     return scores.as_strided(shape, (*batch_strides, row_stride - 1, 1), scores.storage_offset() + offset)
 
 
+def relative_position_scores(
+    query: torch.Tensor,
+    position_keys: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    key_length: int,
+    offset: int,
+) -> torch.Tensor:
+    """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [..., q, key_length], unscaled.
+
+    - query [..., H, q, d]; position_bias (v) [H, d] or None;
+    - position_keys [..., H, R, d]: `W_kR R` for the R relative distances in decreasing order, projected once for the
+      whole batch (leading dims broadcast against the query's, e.g. [H, R, d] for every row, or one set per group);
+    - key_length, offset: as in `relative_shift`.
+    """
+    if position_bias is not None:
+        query = query + position_bias[:, None, :].to(query.dtype)
+    scores = torch.matmul(query, position_keys.transpose(-1, -2))
+    return relative_shift(scores, key_length, offset)
+
+
 def relative_attention(
     query: torch.Tensor,
     key: torch.Tensor,
