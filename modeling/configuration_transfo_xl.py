@@ -105,6 +105,9 @@ class TransfoXLConfig(PreTrainedConfig):
         self.tgt_len = tgt_len
         self.ext_len = ext_len
         self.zero_initial_mems = zero_initial_mems
+        # The text-generation pipeline prepends a fixed "XL prefix" paragraph to prompts unless the config has a
+        # `prefix`: ours is empty by default, so that paragraph is opt-in (`pipeline(..., prefix=...)`).
+        self.prefix = kwargs.pop("prefix", "")
         # transformers v5 ties weights only when `tie_word_embeddings` is true; which pairs are tied is decided per
         # model from `tie_weight` and `tie_projs` (see TransfoXLPreTrainedModel), so this is just the master switch.
         # (4.x files may say `tie_word_embeddings: false` instead of `tie_weight`; either one unties the softmax.)

@@ -21,6 +21,7 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
+from .memory_cache import MemoryCache
 from .relative_attention import (
     causal_memory_mask,
     check_memory,
@@ -28,7 +29,6 @@ from .relative_attention import (
     relative_shift,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
-    update_memory,
 )
 
 
@@ -38,6 +38,7 @@ class TransfoXLModelOutput(ModelOutput):
 
     last_hidden_state: torch.FloatTensor | None = None
     mems: tuple[torch.FloatTensor, ...] | None = None
+    cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
@@ -56,6 +57,7 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
     losses: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     mems: tuple[torch.FloatTensor, ...] | None = None
+    cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
@@ -126,10 +128,13 @@ class TransfoXLAttention(nn.Module):
         key, value = F.linear(context, self.qkv_net.weight[inner:]).chunk(2, dim=-1)
         return self._heads(key), self._heads(value)
 
-    def _position_scores(self, query, key_length, position_embedding, r_r_bias):
+    def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
+        """W_{k,R} R: [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole batch."""
+        return self._heads(self.r_net(position_embedding)[None])[0]
+
+    def _position_scores(self, query, key_length, position_keys, r_r_bias):
         """Terms (b)+(d) for every (query, key) pair, [B, H, q, k] (None for absolute attention types)."""
         if self.attn_type == 0:
-            position_keys = self._heads(self.r_net(position_embedding)[None])[0]  # [H, R, D], projected once
             scores = torch.matmul(query + r_r_bias[:, None, :], position_keys.transpose(-1, -2))
         elif self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
@@ -149,7 +154,7 @@ class TransfoXLAttention(nn.Module):
         hidden: torch.Tensor,
         memory: torch.Tensor | None,
         memory_key_values: tuple[torch.Tensor, torch.Tensor] | None,
-        position_embedding: torch.Tensor | None,
+        position_keys: torch.Tensor | None,
         mask: torch.Tensor | None,
         biases: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False,
@@ -173,7 +178,7 @@ class TransfoXLAttention(nn.Module):
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
-        position_scores = self._position_scores(query, key.shape[2], position_embedding, r_r_bias)
+        position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
         attention, probs = relative_attention(
             query,
             key,
@@ -242,7 +247,7 @@ class TransfoXLLayer(GradientCheckpointingLayer):
         hidden,
         memory=None,
         memory_key_values=None,
-        position_embedding=None,
+        position_keys=None,
         mask=None,
         biases=None,
         output_attentions=False,
@@ -251,7 +256,7 @@ class TransfoXLLayer(GradientCheckpointingLayer):
             hidden, memory = self._add_absolute_positions(hidden, memory)
             memory_key_values = None  # the memory's keys depend on this segment's position offsets
         output, probs, key_values = self.dec_attn(
-            hidden, memory, memory_key_values, position_embedding, mask, biases, output_attentions
+            hidden, memory, memory_key_values, position_keys, mask, biases, output_attentions
         )
         return self.pos_ff(output), probs, key_values
 
@@ -346,15 +351,24 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
                 f"TransfoXLModel: input id {bad} is out of range; ids must be in [0, vocab_size={self.config.vocab_size})."
             )
 
-    def _initial_memory(self, mems, batch_size, dtype, device):
-        """Per-layer batch-first memory: the given `mems`, legacy zero vectors, or None (empty)."""
+    def _memory(self, cache, mems, batch_size, dtype, device) -> MemoryCache:
+        """The memory to attend to, as a MemoryCache: the given cache, the legacy `mems`, legacy zero vectors
+        (`zero_initial_mems`), or an empty one."""
+        config = self.config
+        if cache is not None and mems is not None:
+            raise ValueError("TransfoXLModel: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
-            check_memory(mems, self.config.n_layer, batch_size, self.config.d_model, "TransfoXLModel")
-            return [m.transpose(0, 1) for m in mems]
-        if self.config.zero_initial_mems and self.config.mem_len > 0:
-            zeros = torch.zeros(batch_size, self.config.mem_len, self.config.d_model, dtype=dtype, device=device)
-            return [zeros] * self.config.n_layer
-        return [None] * self.config.n_layer
+            check_memory(mems, config.n_layer, batch_size, config.d_model, "TransfoXLModel")
+            return MemoryCache.from_mems(mems, config.mem_len)
+        if cache is None:
+            cache = MemoryCache(config.n_layer, config.mem_len)
+        if cache.memory(0) is None and config.zero_initial_mems and config.mem_len > 0:
+            zeros = torch.zeros(batch_size, config.mem_len, config.d_model, dtype=dtype, device=device)
+            for layer in cache.layers:
+                layer.hidden = zeros
+        elif cache.memory(0) is not None:
+            check_memory(cache.mems, config.n_layer, batch_size, config.d_model, "TransfoXLModel")
+        return cache
 
     def _attention_mask(self, query_length, memory_length, attention_mask, device):
         """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
@@ -394,17 +408,22 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         mems: tuple[torch.FloatTensor, ...] | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
+        cache: MemoryCache | None = None,
+        use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> TransfoXLModelOutput | tuple:
+        """`mems` (legacy tuple) or `cache` (a MemoryCache, updated in place) carry the memory; outputs always
+        hold the new `mems`, and the cache itself when `use_cache` is set or a cache was given."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
+        use_cache = bool(use_cache) or cache is not None
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("TransfoXLModel: pass exactly one of `input_ids` and `inputs_embeds`.")
         if input_ids is not None:
@@ -413,48 +432,72 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         batch_size, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
 
-        memory = self._initial_memory(mems, batch_size, inputs_embeds.dtype, device)
-        memory_length = 0 if memory[0] is None else memory[0].shape[1]
+        cache = self._memory(cache, mems, batch_size, inputs_embeds.dtype, device)
+        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
         mask = self._attention_mask(query_length, memory_length, attention_mask, device)
         position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
+        # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen.
+        reuse_projections = not self.training and config.attn_type in (0, 1)
 
-        if config.attn_type == 2:  # vanilla absolute positions: added once to the segment and layer 0's memory
+        if config.attn_type == 2:  # vanilla absolute positions: added to the segment and to layer 0's memory
             inputs_embeds = inputs_embeds + position_embedding[memory_length:]
-            if memory_length:
-                memory[0] = memory[0] + position_embedding[:memory_length]
         hidden = self.drop(inputs_embeds)
+        kept = query_length - config.ext_len  # the last ext_len tokens are re-fed next time, not remembered
 
         layer_inputs, all_attentions = [], []
-        for layer, layer_memory in zip(self.layers, memory):
+        for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
-            hidden, probs, _ = layer(
+            memory = cache.memory(i)
+            if config.attn_type == 2 and i == 0 and memory_length:
+                memory = memory + position_embedding[:memory_length]
+            output, probs, (key, value) = layer(
                 hidden,
-                memory=layer_memory,
-                position_embedding=position_embedding,
+                memory=memory,
+                memory_key_values=cache.key_values(i) if reuse_projections else None,
+                position_keys=self._position_keys(i, key_length, position_embedding, cache, reuse_projections),
                 mask=mask,
                 biases=biases,
                 output_attentions=output_attentions,
             )
+            if config.mem_len > 0:
+                if reuse_projections:
+                    cache.store(i, hidden[:, :kept], key[:, :, : memory_length + kept], value[:, :, : memory_length + kept])
+                else:
+                    cache.store(i, hidden[:, :kept])
+            hidden = output
             all_attentions.append(probs)
         hidden = self.drop(hidden)
 
-        new_mems = None
-        if config.mem_len > 0:
-            if config.attn_type == 2 and memory_length:
-                memory[0] = mems[0].transpose(0, 1)  # store layer 0's memory without its absolute positions
-            kept = query_length - config.ext_len  # the last ext_len tokens are re-fed, not remembered
-            new_mems = tuple(
-                update_memory(m, x[:, :kept], config.mem_len).transpose(0, 1) for m, x in zip(memory, layer_inputs)
-            )
         hidden_states = tuple(layer_inputs) + (hidden,) if output_hidden_states else None
         attentions = tuple(all_attentions) if output_attentions else None
+        returned_cache = cache if use_cache else None
         if not return_dict:
-            return tuple(v for v in (hidden, new_mems, hidden_states, attentions) if v is not None)
+            fields = (hidden, cache.mems, returned_cache, hidden_states, attentions)
+            return tuple(v for v in fields if v is not None)
         return TransfoXLModelOutput(
-            last_hidden_state=hidden, mems=new_mems, hidden_states=hidden_states, attentions=attentions
+            last_hidden_state=hidden,
+            mems=cache.mems,
+            cache=returned_cache,
+            hidden_states=hidden_states,
+            attentions=attentions,
         )
+
+    def _position_keys(self, layer_idx, key_length, position_embedding, cache, reuse):
+        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... 0 (attn_type 0 only).
+
+        When projections are reusable, the cache keeps them for the longest span seen: a step slices, not projects.
+        """
+        if self.config.attn_type != 0:
+            return None
+        attention = self.layers[layer_idx].dec_attn
+        if not reuse:
+            return attention.project_positions(position_embedding)
+        stored = cache.layers[layer_idx].position_keys
+        if stored is None or stored.shape[1] < key_length:
+            stored = cache.layers[layer_idx].position_keys = attention.project_positions(position_embedding)
+        return stored[:, stored.shape[1] - key_length :]
 
 
 def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) -> dict[str, str]:
@@ -494,6 +537,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
+        cache: MemoryCache | None = None,
+        use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
@@ -509,6 +554,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             mems=mems,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            cache=cache,
+            use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -522,16 +569,50 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             losses, loss = self._losses(hidden, labels, num_items_in_batch)
 
         if not return_dict:
-            fields = (loss, losses, logits, outputs.mems, outputs.hidden_states, outputs.attentions)
+            fields = (loss, losses, logits, outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
             return tuple(v for v in fields if v is not None)
         return TransfoXLLMHeadModelOutput(
             loss=loss,
             losses=losses,
             logits=logits,
             mems=outputs.mems,
+            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids,
+        next_sequence_length=None,
+        cache=None,
+        mems=None,
+        attention_mask=None,
+        use_cache=True,
+        is_first_iteration=False,
+        **kwargs,
+    ):
+        """Feed only the tokens the memory has not seen. The first call runs the prompt (after any `mems` the user
+        gave, expanded to the beams / return sequences); every later call runs the newest token against the cache.
+        With `use_cache=False` every step recomputes the whole sequence from an empty memory."""
+        if not use_cache:
+            return {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+        if cache is None:
+            cache = (
+                MemoryCache(self.config.n_layer, self.config.mem_len)
+                if mems is None
+                else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=input_ids.shape[0])
+            )
+        elif next_sequence_length is not None:
+            input_ids = input_ids[:, -next_sequence_length:]
+        # Only the last position's distribution is needed to pick the next token.
+        return {
+            "input_ids": input_ids,
+            "cache": cache,
+            "attention_mask": attention_mask,
+            "use_cache": True,
+            "logits_to_keep": 1,
+        }
 
     def _losses(self, hidden, labels, num_items_in_batch):
         """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""

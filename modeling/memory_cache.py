@@ -1,0 +1,168 @@
+"""The recurrent memory as a transformers `Cache`, so that `generate()` can carry it.
+
+Unlike a key/value cache, the memory stores each layer's *input hidden states* for the last `mem_len` tokens
+(Transformer-XL / XLNet segment-level recurrence). Because the keys and values of those positions are a fixed
+projection of the hidden states, they may be kept beside them and reused while the weights do not change (no
+gradient, eval mode): a decoding step then projects only the new token. The cache also keeps each layer's projected
+relative-position keys for the longest span seen, so a step re-projects nothing.
+
+Tensors are batch-first: hidden [batch, mem, d_model], keys / values [batch, heads, mem, d_head]. The legacy
+time-major `mems` tuple is available as `cache.mems`.
+"""
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class MemoryLayer:
+    """One layer's memory: hidden states and, when known, their keys, values and the position keys."""
+
+    def __init__(self, hidden=None):
+        self.hidden = hidden
+        self.keys = self.values = None
+        self.position_keys = None  # [heads, span, d_head] for distances span-1 ... 0
+
+    def tensors(self):
+        return {name: getattr(self, name) for name in ("hidden", "keys", "values") if getattr(self, name) is not None}
+
+    def map_batch(self, fn):
+        """Apply `fn` to every batch-first tensor (beam reordering, expansion, selection)."""
+        for name, tensor in self.tensors().items():
+            setattr(self, name, fn(tensor))
+
+    def keep_last(self, length: int):
+        for name, tensor in self.tensors().items():
+            axis = 1 if name == "hidden" else 2
+            setattr(self, name, tensor.narrow(axis, max(tensor.shape[axis] - length, 0), min(length, tensor.shape[axis])))
+
+
+class MemoryCache(Cache):
+    """Segment-level memory of a Transformer-XL-family model, one `MemoryLayer` per layer.
+
+    `mem_len=None` keeps every position (XLNet's `mem_len: null`). `get_seq_length()` counts the tokens the model
+    has consumed, so `generate` knows which inputs are new.
+    """
+
+    def __init__(self, num_layers: int, mem_len: int | None):
+        super().__init__(layers=[MemoryLayer() for _ in range(num_layers)])
+        self.mem_len = mem_len
+        self.seen_tokens = 0
+
+    @classmethod
+    def from_mems(cls, mems, mem_len: int | None, batch_size: int | None = None):
+        """Wrap a legacy tuple of time-major mems; repeat its rows when `batch_size` is a multiple (beams)."""
+        cache = cls(len(mems), mem_len)
+        for layer, mem in zip(cache.layers, mems):
+            layer.hidden = mem.transpose(0, 1)
+        if batch_size is not None and batch_size != cache.batch_size:
+            if batch_size % cache.batch_size:
+                raise ValueError(
+                    f"`mems` hold {cache.batch_size} sequences, which cannot be expanded to a batch of {batch_size}."
+                )
+            cache.batch_repeat_interleave(batch_size // cache.batch_size)
+        return cache
+
+    @property
+    def mems(self) -> tuple[torch.Tensor, ...] | None:
+        """The legacy view: one time-major [mem_len, batch, d_model] tensor per layer (None while empty)."""
+        if self.layers[0].hidden is None:
+            return None
+        return tuple(layer.hidden.transpose(0, 1) for layer in self.layers)
+
+    @property
+    def batch_size(self) -> int:
+        hidden = self.layers[0].hidden
+        return -1 if hidden is None else hidden.shape[0]
+
+    def memory(self, layer_idx: int) -> torch.Tensor | None:
+        return self.layers[layer_idx].hidden
+
+    def key_values(self, layer_idx: int):
+        layer = self.layers[layer_idx]
+        return None if layer.keys is None else (layer.keys, layer.values)
+
+    @torch.no_grad()
+    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
+        """Append a segment's layer inputs (detached: stop-gradient) and keep the last `mem_len`.
+
+        `keys` / `values`, when given, must cover [old memory; new_hidden] exactly; they are kept aligned with the
+        hidden states. Without them any stored keys are dropped (they would no longer match).
+        """
+        layer = self.layers[layer_idx]
+        new_hidden = new_hidden.detach()
+        layer.hidden = new_hidden if layer.hidden is None else torch.cat([layer.hidden, new_hidden], dim=1)
+        layer.keys = None if keys is None else keys.detach()
+        layer.values = None if values is None else values.detach()
+        if self.mem_len is not None:
+            layer.keep_last(self.mem_len)
+        if layer_idx == 0:
+            self.seen_tokens += new_hidden.shape[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1 if self.mem_len is None else self.mem_len
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        hidden = self.layers[layer_idx].hidden
+        return (0 if hidden is None else hidden.shape[1]) + query_length, 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        for layer in self.layers:
+            layer.map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        for layer in self.layers:
+            layer.map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        for layer in self.layers:
+            layer.map_batch(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last `tokens_to_remove` tokens. Exact only while no older token was evicted by `mem_len`."""
+        if tokens_to_remove <= 0:
+            return
+        if not self.is_croppable:
+            raise ValueError(
+                f"MemoryCache.crop: {self.seen_tokens} tokens were seen but only the last {self.mem_len} are kept; "
+                "removing tokens cannot restore the evicted ones."
+            )
+        for layer in self.layers:
+            for name, tensor in layer.tensors().items():
+                axis = 1 if name == "hidden" else 2
+                setattr(layer, name, tensor.narrow(axis, 0, tensor.shape[axis] - tokens_to_remove))
+        self.seen_tokens -= tokens_to_remove
+
+    def reset(self):
+        self.layers = [MemoryLayer() for _ in self.layers]
+        self.seen_tokens = 0
+
+    @property
+    def is_croppable(self) -> bool:
+        hidden = self.layers[0].hidden
+        return hidden is None or hidden.shape[1] == self.seen_tokens
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.layers[0].hidden is not None
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [self.mem_len is not None] * len(self.layers)
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False] * len(self.layers)
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * len(self.layers)
+
+    def __repr__(self):
+        return f"MemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"

@@ -1,0 +1,166 @@
+"""generate() with the Transformer-XL memory cache: every decoding strategy, exactness, bounded memory."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
+from transformers_xl.modeling.memory_cache import MemoryCache
+
+PAD = 0
+
+
+def scrambled_lm(mem_len=64, seed=0, **overrides):
+    """A tiny LM with large random weights (peaked, position-sensitive distributions)."""
+    values = dict(
+        vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4, d_head=8, d_inner=48, div_val=2,
+        n_layer=2, mem_len=mem_len, clamp_len=-1, same_length=False, dropout=0.0, pad_token_id=PAD, eos_token_id=None,
+    )  # fmt: skip
+    values.update(overrides)
+    torch.manual_seed(seed)
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**values)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    return model
+
+
+def prompt(batch=2, length=6, seed=1):
+    return torch.randint(2, 90, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def generate(model, ids, **kwargs):
+    kwargs.setdefault("max_new_tokens", 10)
+    kwargs.setdefault("do_sample", False)
+    return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+
+
+@pytest.mark.parametrize("pre_lnorm, clamp_len", [(False, -1), (True, 3)])
+def test_cached_greedy_equals_recomputing_every_step(pre_lnorm, clamp_len):
+    model = scrambled_lm(pre_lnorm=pre_lnorm, clamp_len=clamp_len)
+    ids = prompt()
+    cached = generate(model, ids, max_new_tokens=12)
+    recomputed = generate(model, ids, max_new_tokens=12, use_cache=False)
+    assert torch.equal(cached, recomputed)
+    assert len(set(cached[0, 6:].tolist())) > 1  # not a degenerate repetition
+
+
+def test_greedy_matches_a_manual_loop_with_bounded_memory():
+    """Past mem_len, the memory is the Transformer-XL approximation: the same as feeding tokens one by one."""
+    model = scrambled_lm(mem_len=4)
+    ids = prompt(length=6)
+    out = generate(model, ids, max_new_tokens=8)
+    with torch.no_grad():
+        step = model(ids)
+        tokens = ids
+        for _ in range(8):
+            next_token = step.logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, next_token], 1)
+            step = model(next_token, mems=step.mems)
+    assert torch.equal(out, tokens)
+
+
+def test_memory_stays_bounded_and_keys_are_reused():
+    model = scrambled_lm(mem_len=5)
+    out = generate(model, prompt(), max_new_tokens=20, return_dict_in_generate=True)
+    cache = out.cache
+    assert isinstance(cache, MemoryCache) and cache.get_seq_length() == 6 + 19
+    for layer in cache.layers:
+        assert layer.hidden.shape == (2, 5, 32)
+        assert layer.keys.shape == layer.values.shape == (2, 4, 5, 8)
+    assert all(mem.shape == (5, 2, 32) for mem in cache.mems)
+
+
+def test_stored_keys_equal_fresh_projections():
+    model = scrambled_lm(mem_len=8, pre_lnorm=True)
+    cache = MemoryCache(model.config.n_layer, model.config.mem_len)
+    with torch.no_grad():
+        model(prompt(length=5), cache=cache)
+        model(prompt(length=3, seed=2), cache=cache)
+        for i, layer in enumerate(cache.layers):
+            keys, values = model.transformer.layers[i].dec_attn.project_keys_values(layer.hidden)
+            torch.testing.assert_close(layer.keys, keys)
+            torch.testing.assert_close(layer.values, values)
+
+
+def test_beam_search_with_cache_equals_beam_search_without():
+    model = scrambled_lm()
+    ids = prompt()
+    cached = generate(model, ids, num_beams=3, max_new_tokens=8)
+    recomputed = generate(model, ids, num_beams=3, max_new_tokens=8, use_cache=False)
+    assert torch.equal(cached, recomputed)
+    many = generate(model, ids, num_beams=3, num_return_sequences=2, max_new_tokens=8)
+    assert many.shape == (4, 14)
+
+
+def test_sampling_with_cache_equals_sampling_without():
+    model = scrambled_lm()
+    ids = prompt()
+    settings = dict(do_sample=True, temperature=0.8, top_k=10, top_p=0.9, num_return_sequences=3, max_new_tokens=8)
+    torch.manual_seed(7)
+    cached = generate(model, ids, **settings)
+    torch.manual_seed(7)
+    recomputed = generate(model, ids, use_cache=False, **settings)
+    assert cached.shape == (6, 14) and torch.equal(cached, recomputed)
+
+
+def test_num_return_sequences_gives_each_sequence_its_own_memory():
+    model = scrambled_lm()
+    torch.manual_seed(0)
+    out = generate(model, prompt(), do_sample=True, num_return_sequences=3, return_dict_in_generate=True)
+    cache = out.cache
+    assert cache.batch_size == 6
+    for row in range(6):  # each row's memory is exactly the inputs of its own sequence
+        with torch.no_grad():
+            alone = model(out.sequences[row : row + 1, :-1]).mems
+        torch.testing.assert_close(cache.mems[1][:, row], alone[1][:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_batch_matches_unpadded_prompts():
+    model = scrambled_lm()
+    short, long = prompt(1, 4, seed=3), prompt(1, 7, seed=4)
+    batch = torch.cat([torch.cat([torch.full((1, 3), PAD), short], 1), long])
+    mask = (batch != PAD).long()
+    mask[1] = 1
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    alone_short = generate(model, short, max_new_tokens=6)
+    alone_long = generate(model, long, max_new_tokens=6)
+    assert torch.equal(out[0, 3:], alone_short[0]) and torch.equal(out[1], alone_long[0])
+
+
+def test_generation_continues_from_user_mems_and_expands_them_for_beams():
+    model = scrambled_lm()
+    ids = prompt(length=9)
+    with torch.no_grad():
+        mems = model(ids[:, :5]).mems
+    continued = model.generate(ids[:, 5:], mems=mems, max_new_tokens=6, do_sample=False)
+    whole = generate(model, ids, max_new_tokens=6)
+    assert torch.equal(continued[:, 4:], whole[:, 9:])
+    beams = model.generate(ids[:, 5:], mems=mems, num_beams=2, max_new_tokens=6, do_sample=False)
+    assert torch.equal(beams[:, 4:], generate(model, ids, num_beams=2, max_new_tokens=6)[:, 9:])
+
+
+def test_repetition_penalty_and_stopping_criteria():
+    model = scrambled_lm()
+    ids = prompt()
+    plain = generate(model, ids, max_new_tokens=12)
+    penalised = generate(model, ids, max_new_tokens=12, repetition_penalty=5.0)
+    assert not torch.equal(plain, penalised)
+    penalised_recomputed = generate(model, ids, max_new_tokens=12, repetition_penalty=5.0, use_cache=False)
+    assert torch.equal(penalised, penalised_recomputed)
+
+    class StopAfter(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 9, dtype=torch.bool)
+
+    stopped = generate(model, ids, max_new_tokens=12, stopping_criteria=StoppingCriteriaList([StopAfter()]))
+    assert stopped.shape[1] == 9
+
+
+def test_eos_ends_sequences_and_pads_them():
+    model = scrambled_lm()
+    ids = prompt()
+    free = generate(model, ids, max_new_tokens=10)
+    eos = int(free[0, 6])  # make the first generated token of row 0 the end of sequence
+    out = generate(model, ids, max_new_tokens=10, generation_config=GenerationConfig(eos_token_id=eos, pad_token_id=PAD))
+    assert out[0, 6] == eos and (out[0, 7:] == PAD).all()
