@@ -1,0 +1,1264 @@
+"""XLNet (Yang et al. 2019, "XLNet: Generalized Autoregressive Pretraining for Language Understanding").
+
+XLNet is Transformer-XL's recurrence and relative attention (Dai et al. 2019, Sec. 3.2-3.3) trained with the
+permutation language-modeling objective. Two streams run through every layer with shared weights (Sec. 2.3):
+
+- the content stream h, initialised with the token embeddings, where position z_t sees x_{z<=t} (its own token too);
+- the query stream g, initialised with the learned `mask_emb` w, where z_t sees x_{z<t} and its position but not its
+  own token: the target-aware representation g_theta(x_{z<t}, z_t) of the softmax
+  p(X_{z_t} = x | x_{z<t}) = exp(e(x)^T g_theta) / sum_x' exp(e(x')^T g_theta).
+
+`perm_mask[b, i, j] = 1` means i may not see j (the factorisation order); `target_mapping[b, m, j] = 1` says that the
+m-th prediction is token j (partial prediction, Sec. 2.3: only the last tokens of an order are predicted). Without
+`target_mapping` there is no query stream and the model is a plain bidirectional (or, `attn_type="uni"`, causal)
+encoder over [memory; segment].
+
+Parameter names, shapes, inputs and outputs are those of transformers' `XLNet*` classes, so the two load each
+other's checkpoints and `mems`. Memory layout: `mems` (in and out) has one tensor per layer, `mems[i]` = the input of
+layer i over the last `mem_len` positions, time-major `[mem_len, batch, d_model]`. Inside, everything is
+batch-first ([B, L, d], heads [B, H, L, d_head]) and attention runs in torch's fused kernel (see relative_attention).
+"""
+
+import os
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN, get_activation
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils import ModelOutput, can_return_tuple
+
+from .configuration_xlnet import XLNetConfig
+from .relative_attention import (
+    causal_memory_mask,
+    check_memory,
+    relative_attention,
+    relative_position_scores,
+    sinusoid_encoding,
+    sinusoid_inverse_frequencies,
+    update_memory,
+)
+
+
+# Segment ids of the original code: A, B, CLS, SEP, PAD. Only "same segment or not" enters the model (Sec. 2.5).
+MAX_TOKEN_TYPE_ID = 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outputs (field names as in transformers' XLNet)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class XLNetModelOutput(ModelOutput):
+    """`last_hidden_state` [batch, num_predict or seq_len, d_model] (the query stream when `target_mapping` is given);
+    `mems`: the next segment's memory, one time-major [mem_len, batch, d_model] tensor per layer."""
+
+    last_hidden_state: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XLNetLMHeadModelOutput(ModelOutput):
+    """`logits` [batch, num_predict or seq_len, vocab_size]; `loss`: cross-entropy against the unshifted `labels`."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XLNetForSequenceClassificationOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XLNetForTokenClassificationOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XLNetForMultipleChoiceOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XLNetForQuestionAnsweringSimpleOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None
+    end_logits: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class XLNetForQuestionAnsweringOutput(ModelOutput):
+    """At inference: the `start_n_top` best starts, for each the `end_n_top` best ends (beam search over spans; the
+    "log_probs" are probabilities, as in transformers), and `cls_logits`, the answerability logit (SQuAD 2.0)."""
+
+    loss: torch.Tensor | None = None
+    start_top_log_probs: torch.Tensor | None = None
+    start_top_index: torch.LongTensor | None = None
+    end_top_log_probs: torch.Tensor | None = None
+    end_top_index: torch.LongTensor | None = None
+    cls_logits: torch.Tensor | None = None
+    mems: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class XLNetRelativeAttention(nn.Module):
+    """Two-stream relative multi-head attention with post-attention projection, residual and layer norm.
+
+    For a query i and a key j (Dai et al. Sec. 3.3, with XLNet's segment term, Yang et al. Sec. 2.5):
+
+        score_ij = (q_i + u)^T k_j                  (a) + (c): content, `r_w_bias` = u
+                 + (q_i + v)^T W_r R_{i-j}         (b) + (d): relative position, `r_r_bias` = v
+                 + (q_i + b)^T s_ij                 relative segment encoding, `r_s_bias` = b, s_ij = `seg_embed`[same?]
+
+    Keys and values come from the content stream over [memory; segment] for both streams; the content stream
+    queries with h, the query stream with g. Parameters keep the original [d_model, n_head, d_head] layout.
+    """
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.n_head, self.d_head, self.d_model = config.n_head, config.d_head, config.d_model
+        self.bi_data = config.bi_data
+        self.attention_dropout = config.dropout
+        shape = (config.d_model, config.n_head, config.d_head)
+        self.q = nn.Parameter(torch.empty(shape))
+        self.k = nn.Parameter(torch.empty(shape))
+        self.v = nn.Parameter(torch.empty(shape))
+        self.o = nn.Parameter(torch.empty(shape))
+        self.r = nn.Parameter(torch.empty(shape))
+        self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        self.r_s_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        self.seg_embed = nn.Parameter(torch.empty(2, config.n_head, config.d_head))
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """[B, L, d] x [d, H, D] -> [B, H, L, D]."""
+        return torch.matmul(x, weight.flatten(1)).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+
+    def project_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, H, k, D] of [memory; segment] in one fused projection."""
+        weight = torch.cat([self.k.flatten(1), self.v.flatten(1)], dim=1)
+        key_value = torch.matmul(context, weight).unflatten(-1, (2, self.n_head, self.d_head))
+        key_value = key_value.permute(2, 0, 3, 1, 4)
+        return key_value[0], key_value[1]
+
+    def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
+        """W_r R for every relative distance, once for the whole batch: [R, d] -> [H, R, D]; with `bi_data`
+        [2, R, d] (forward, backward) -> [2, 1, H, R, D], broadcasting over the two halves of the batch."""
+        keys = torch.matmul(position_embeddings.to(self.r.dtype), self.r.flatten(1))
+        keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
+        return keys[:, None] if self.bi_data else keys
+
+    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions):
+        batch, _, query_length, _ = query.shape
+        key_length = key.shape[2]
+        # (b) + (d). Query row i sits at distance (k - q + i) - j from key j; the encodings list the distances
+        # k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift).
+        grouped = query.unflatten(0, (2, batch // 2)) if self.bi_data else query
+        scores = relative_position_scores(grouped, position_keys, self.r_r_bias, key_length, offset=query_length)
+        if self.bi_data:
+            scores = scores.flatten(0, 1)
+        if segment_mismatch is not None:
+            # (q_i + b)^T s_ij with s_ij = s_+ (seg_embed[0]) inside a segment, s_- (seg_embed[1]) across segments.
+            segment_scores = torch.matmul(
+                query + self.r_s_bias[:, None, :].to(query.dtype), self.seg_embed.permute(1, 2, 0).to(query.dtype)
+            )
+            scores = scores + torch.where(segment_mismatch[:, None], segment_scores[..., 1:], segment_scores[..., :1])
+        return relative_attention(
+            query,
+            key,
+            value,
+            content_bias=self.r_w_bias,
+            score_bias=scores,
+            mask=mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            output_attentions=output_attentions,
+        )
+
+    def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """Output projection o, dropout, residual and post layer norm."""
+        attention = attention.transpose(1, 2).flatten(2)
+        output = self.dropout(F.linear(attention, self.o.flatten(1)))
+        return self.layer_norm(output + residual)
+
+    def forward(
+        self,
+        content: torch.Tensor,
+        query_stream: torch.Tensor | None,
+        position_embeddings: torch.Tensor,
+        content_mask: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
+        segment_mismatch: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ):
+        context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
+        key, value = self.project_keys_values(context)
+        position_keys = self.project_positions(position_embeddings)
+
+        # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens only.
+        attention, content_probs = self._attend(
+            self._heads(content, self.q), key, value, position_keys, content_mask, segment_mismatch, output_attentions
+        )
+        content_out = self._post_attention(content, attention)
+        if query_stream is None:
+            return content_out, None, content_probs
+
+        # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
+        # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
+        # relative positions are those of the targets), and gathered back.
+        query = self._heads(query_stream, self.q)
+        if target_mapping is not None:
+            query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
+        attention, query_probs = self._attend(
+            query, key, value, position_keys, query_mask, segment_mismatch, output_attentions
+        )
+        if target_mapping is not None:
+            attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
+        query_out = self._post_attention(query_stream, attention)
+        probs = (content_probs, query_probs) if output_attentions else None
+        return content_out, query_out, probs
+
+
+class XLNetFeedForward(nn.Module):
+    """Position-wise feed-forward with residual and post layer norm, applied to both streams with shared weights."""
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.layer_1 = nn.Linear(config.d_model, config.d_inner)
+        self.layer_2 = nn.Linear(config.d_inner, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        activation = config.ff_activation
+        self.activation_function = ACT2FN[activation] if isinstance(activation, str) else activation
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        output = self.dropout(self.activation_function(self.layer_1(hidden)))
+        output = self.dropout(self.layer_2(output))
+        return self.layer_norm(output + hidden)
+
+
+class XLNetLayer(GradientCheckpointingLayer):
+    """Two-stream relative attention followed by the feed-forward block (both streams)."""
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.rel_attn = XLNetRelativeAttention(config)
+        self.ff = XLNetFeedForward(config)
+        self.chunk_size_feed_forward = config.chunk_size_feed_forward
+
+    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.chunk_size_feed_forward:  # position-wise, so chunks along the sequence bound the d_inner activations
+            return torch.cat([self.ff(chunk) for chunk in hidden.split(self.chunk_size_feed_forward, dim=1)], dim=1)
+        return self.ff(hidden)
+
+    def forward(
+        self,
+        content: torch.Tensor,
+        query_stream: torch.Tensor | None,
+        position_embeddings: torch.Tensor,
+        content_mask: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
+        segment_mismatch: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ):
+        content, query_stream, probs = self.rel_attn(
+            content,
+            query_stream,
+            position_embeddings,
+            content_mask=content_mask,
+            query_mask=query_mask,
+            segment_mismatch=segment_mismatch,
+            memory=memory,
+            target_mapping=target_mapping,
+            output_attentions=output_attentions,
+        )
+        content = self._feed_forward(content)
+        if query_stream is not None:
+            query_stream = self._feed_forward(query_stream)
+        return content, query_stream, probs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Head building blocks (names as in transformers, so head weights load too)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.Tensor:
+    """Push positions with p_mask = 1 (question, special tokens, padding) to -1e30 (-65500 in fp16), as the original."""
+    if p_mask is None:
+        return logits
+    p_mask = p_mask.to(logits.dtype)
+    fill = 65500.0 if logits.dtype == torch.float16 else 1e30
+    return logits * (1 - p_mask) - fill * p_mask
+
+
+class XLNetPoolerStartLogits(nn.Module):
+    """Span-start logits [B, L] from the final hidden states."""
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, 1)
+
+    def forward(self, hidden_states: torch.Tensor, p_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return _mask_positions(self.dense(hidden_states).squeeze(-1), p_mask)
+
+
+class XLNetPoolerEndLogits(nn.Module):
+    """Span-end logits conditioned on the start: dense(tanh(dense([h_j; h_start]))) with a layer norm in between."""
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.dense_0 = nn.Linear(config.d_model * 2, config.d_model)
+        self.activation = nn.Tanh()
+        self.LayerNorm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dense_1 = nn.Linear(config.d_model, 1)
+
+    def forward(self, hidden_states, start_states=None, start_positions=None, p_mask=None) -> torch.Tensor:
+        if start_positions is not None:
+            index = start_positions[:, None, None].expand(-1, 1, hidden_states.shape[-1])
+            start_states = hidden_states.gather(-2, index).expand(-1, hidden_states.shape[-2], -1)
+        elif start_states is None:
+            raise ValueError("XLNetPoolerEndLogits: pass `start_states` or `start_positions`.")
+        x = self.dense_1(self.LayerNorm(self.activation(self.dense_0(torch.cat([hidden_states, start_states], -1)))))
+        return _mask_positions(x.squeeze(-1), p_mask)
+
+
+class XLNetPoolerAnswerClass(nn.Module):
+    """SQuAD 2.0 answerability logit from the start representation and the CLS token (last token by default)."""
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.dense_0 = nn.Linear(config.d_model * 2, config.d_model)
+        self.activation = nn.Tanh()
+        self.dense_1 = nn.Linear(config.d_model, 1, bias=False)
+
+    def forward(self, hidden_states, start_states=None, start_positions=None, cls_index=None) -> torch.Tensor:
+        width = hidden_states.shape[-1]
+        if start_positions is not None:
+            start_states = hidden_states.gather(-2, start_positions[:, None, None].expand(-1, 1, width)).squeeze(-2)
+        elif start_states is None:
+            raise ValueError("XLNetPoolerAnswerClass: pass `start_states` or `start_positions`.")
+        if cls_index is not None:
+            cls_state = hidden_states.gather(-2, cls_index[:, None, None].expand(-1, 1, width)).squeeze(-2)
+        else:
+            cls_state = hidden_states[:, -1, :]
+        x = self.activation(self.dense_0(torch.cat([start_states, cls_state], dim=-1)))
+        return self.dense_1(x).squeeze(-1)
+
+
+class XLNetSequenceSummary(nn.Module):
+    """One vector per sequence (`summary_type`: last / first / mean / cls_index), then projection and activation.
+
+    XLNet puts its CLS token LAST, so with right padding "last" reads a pad: pad on the left (the tokenizer's default).
+    """
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__()
+        self.summary_type = config.summary_type
+        self.summary = nn.Identity()
+        if config.summary_use_proj:
+            proj_to_labels = getattr(config, "summary_proj_to_labels", False) and config.num_labels > 0
+            self.summary = nn.Linear(config.d_model, config.num_labels if proj_to_labels else config.d_model)
+        activation = config.summary_activation
+        self.activation: Callable = get_activation(activation) if activation else nn.Identity()
+        first_dropout = getattr(config, "summary_first_dropout", 0.0) or 0.0
+        self.first_dropout = nn.Dropout(first_dropout) if first_dropout > 0 else nn.Identity()
+        last_dropout = config.summary_last_dropout
+        self.last_dropout = nn.Dropout(last_dropout) if last_dropout > 0 else nn.Identity()
+
+    def forward(self, hidden_states: torch.Tensor, cls_index: torch.LongTensor | None = None) -> torch.Tensor:
+        if self.summary_type == "last":
+            output = hidden_states[:, -1]
+        elif self.summary_type == "first":
+            output = hidden_states[:, 0]
+        elif self.summary_type == "mean":
+            output = hidden_states.mean(dim=1)
+        else:  # cls_index
+            if cls_index is None:
+                index = torch.full_like(hidden_states[..., :1, :], hidden_states.shape[-2] - 1, dtype=torch.long)
+            else:
+                index = cls_index[..., None, None].expand(*cls_index.shape, 1, hidden_states.shape[-1])
+            output = hidden_states.gather(-2, index).squeeze(-2)
+        output = self.first_dropout(output)
+        output = self.activation(self.summary(output))
+        return self.last_dropout(output)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class XLNetPreTrainedModel(PreTrainedModel):
+    config: XLNetConfig
+    config_class = XLNetConfig
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["XLNetLayer"]
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The memory is the legacy `mems` tuple, not a transformers Cache (see generation notes): never DynamicCache.
+        return False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, XLNetRelativeAttention):
+            for param in (module.q, module.k, module.v, module.o, module.r):
+                init.normal_(param, mean=0.0, std=std)
+            for param in (module.r_r_bias, module.r_s_bias, module.r_w_bias, module.seg_embed):
+                init.normal_(param, mean=0.0, std=std)
+        elif isinstance(module, XLNetModel):
+            init.normal_(module.mask_emb, mean=0.0, std=std)
+
+
+def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
+    """The loss averaged over this batch, or summed and divided by `num_items_in_batch` when Trainer passes it
+    (gradient accumulation: the total over all micro-batches, so that accumulated gradients equal a full batch's)."""
+    if num_items_in_batch is None:
+        return loss_fn(inputs, targets, reduction="mean")
+    loss = loss_fn(inputs, targets, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _cross_entropy(logits, labels, reduction):
+    return F.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction)
+
+
+class XLNetModel(XLNetPreTrainedModel):
+    """The XLNet encoder: embeddings, relative positional / segment encodings, masks, memory, n_layer layers."""
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.word_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.mask_emb = nn.Parameter(torch.empty(1, 1, config.d_model))
+        self.layer = nn.ModuleList([XLNetLayer(config) for _ in range(config.n_layer)])
+        self.dropout = nn.Dropout(config.dropout)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.word_embedding
+
+    def set_input_embeddings(self, new_embeddings):
+        self.word_embedding = new_embeddings
+
+    # ----- inputs -----------------------------------------------------------------------------------------------
+
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping,
+                      token_type_ids):
+        """Shapes and values of the inputs, with errors that say what was expected. Returns (batch, seq_len)."""
+        name = type(self).__name__
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"{name}: pass exactly one of `input_ids` and `inputs_embeds`.")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"{name}: `input_ids` has shape {tuple(input_ids.shape)}; expected [batch_size, seq_len].")
+            batch, length = input_ids.shape
+        else:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model:
+                raise ValueError(
+                    f"{name}: `inputs_embeds` has shape {tuple(inputs_embeds.shape)}; expected "
+                    f"[batch_size, seq_len, d_model={self.config.d_model}]."
+                )
+            batch, length = inputs_embeds.shape[:2]
+
+        def expect(field, tensor, shape, described):
+            if tensor is not None and tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"{name}: `{field}` has shape {tuple(tensor.shape)}; expected {described} = {shape} "
+                    f"(batch_size={batch}, seq_len={length} from the inputs)."
+                )
+
+        expect("attention_mask", attention_mask, (batch, length), "[batch_size, seq_len]")
+        expect("input_mask", input_mask, (batch, length), "[batch_size, seq_len]")
+        expect("token_type_ids", token_type_ids, (batch, length), "[batch_size, seq_len]")
+        expect("perm_mask", perm_mask, (batch, length, length), "[batch_size, seq_len, seq_len]")
+        if target_mapping is not None and (
+            target_mapping.dim() != 3
+            or target_mapping.shape[0] != batch
+            or target_mapping.shape[2] != length
+            or target_mapping.shape[1] == 0
+        ):
+            raise ValueError(
+                f"{name}: `target_mapping` has shape {tuple(target_mapping.shape)}; expected [batch_size, num_predict, "
+                f"seq_len] = ({batch}, num_predict >= 1, {length}) (batch_size, seq_len from the inputs)."
+            )
+        if attention_mask is not None and input_mask is not None:
+            raise ValueError(
+                f"{name}: pass only one of `attention_mask` (1 = keep) and `input_mask` (1 = padding, its negation)."
+            )
+        if token_type_ids is not None:
+            if token_type_ids.is_floating_point() or token_type_ids.dtype == torch.bool:
+                raise ValueError(f"{name}: `token_type_ids` must be integers, got dtype {token_type_ids.dtype}.")
+            if not (torch.jit.is_tracing() or torch.compiler.is_compiling()) and token_type_ids.numel():
+                low, high = int(token_type_ids.min()), int(token_type_ids.max())
+                if low < 0 or high > MAX_TOKEN_TYPE_ID:
+                    raise ValueError(
+                        f"{name}: `token_type_ids` has values in [{low}, {high}]; expected segment ids in "
+                        f"[0, {MAX_TOKEN_TYPE_ID}] (A=0, B=1, CLS=2, SEP=3, PAD=4)."
+                    )
+        if self.config.bi_data and batch % 2:
+            raise ValueError(
+                f"{name}: `bi_data=True` splits the batch into forward and backward halves; expected an even "
+                f"batch_size, got {batch}."
+            )
+        return batch, length
+
+    # ----- memory: the one place that reads and writes `mems` -------------------------------------------------
+
+    def _memory_from_mems(self, mems, batch: int) -> list:
+        """Per-layer memory, batch-first [B, m, d] views of the time-major public `mems` (None: no memory)."""
+        if mems is None:
+            return [None] * self.config.n_layer
+        check_memory(mems, self.config.n_layer, batch, self.config.d_model, type(self).__name__)
+        lengths = {mem.shape[0] for mem in mems}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"{type(self).__name__}: `mems` entries have lengths {sorted(lengths)}; expected the same mem_len for "
+                "every layer."
+            )
+        if lengths == {0}:
+            return [None] * self.config.n_layer
+        return [mem.transpose(0, 1) for mem in mems]
+
+    def _next_mems(self, layer_input: torch.Tensor, memory: torch.Tensor | None) -> torch.Tensor:
+        """SG([memory; layer input]) of Dai et al. Sec. 3.2: the next segment's memory for one layer, time-major.
+
+        Only the first `reuse_len` positions of the segment are kept (pretraining reuses the first half of a segment
+        and predicts in the second); `mem_len` None or 0 keeps every past position.
+        """
+        reuse_len = self.config.reuse_len
+        current = layer_input[:, :reuse_len] if reuse_len else layer_input
+        return update_memory(memory, current, self.config.mem_len or None).transpose(0, 1).contiguous()
+
+    # ----- encodings and masks ----------------------------------------------------------------------------------
+
+    def _relative_position_embeddings(self, query_length: int, key_length: int, device) -> torch.Tensor:
+        """Sinusoid encodings R of the relative distances k, k-1, ..., -q+1 ("bi") or k, ..., 0 ("uni").
+
+        With `bi_data` a second set encodes the negated distances (the backward direction, for the second half of
+        the batch). Distances are clamped to +-clamp_len when clamp_len > 0. fp32: [R, d] or [2, R, d].
+        """
+        end = -query_length if self.config.attn_type == "bi" else -1
+        positions = torch.arange(key_length, end, -1, dtype=torch.float32, device=device)
+        if self.config.bi_data:
+            positions = torch.stack([positions, -positions])
+        if self.config.clamp_len > 0:
+            positions = positions.clamp(-self.config.clamp_len, self.config.clamp_len)
+        inverse_frequencies = sinusoid_inverse_frequencies(self.config.d_model).to(device)
+        return sinusoid_encoding(positions, inverse_frequencies)
+
+    def _attention_masks(self, query_length, memory_length, attention_mask, input_mask, perm_mask, device):
+        """Boolean masks (True = may not attend) for the query stream and the content stream, [B|1, 1, q, m + q].
+
+        The query stream obeys the factorisation order (perm_mask), the padding and, for "uni", causality; the
+        content stream is the same except that every position also sees itself (it encodes its own token). Memory
+        is always visible. Sums then `> 0` as in the original, so a mask is the union of its parts.
+        """
+        mask = None
+        if self.config.attn_type == "uni":
+            # same_length: every query sees exactly memory_length + 1 keys.
+            mask = causal_memory_mask(
+                query_length, memory_length, self.config.same_length, same_length_span=1, device=device
+            ).float()
+        if input_mask is None and attention_mask is not None:
+            input_mask = 1.0 - attention_mask.float()
+        data_mask = None
+        if input_mask is not None:
+            data_mask = input_mask.float()[:, None, :]
+        if perm_mask is not None:
+            data_mask = perm_mask.float() if data_mask is None else data_mask + perm_mask.float()
+        if data_mask is not None:
+            if memory_length:
+                data_mask = F.pad(data_mask, (memory_length, 0))
+            mask = data_mask if mask is None else mask + data_mask
+        if mask is None:
+            return None, None
+        query_mask = mask > 0
+        if query_mask.dim() == 2:
+            query_mask = query_mask[None]
+        itself = F.pad(torch.eye(query_length, dtype=torch.bool, device=device), (memory_length, 0))
+        content_mask = query_mask & ~itself
+        return query_mask[:, None], content_mask[:, None]
+
+    # ----- forward ----------------------------------------------------------------------------------------------
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mems: tuple[torch.Tensor, ...] | list[torch.Tensor] | None = None,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        input_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_mems: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> XLNetModelOutput:
+        """Inputs as in transformers' `XLNetModel`:
+
+        - `attention_mask` [B, L] (1 = token, 0 = padding) or its negation `input_mask` (1 = padding);
+        - `mems`: the previous segment's `outputs.mems` (always attended to when given);
+        - `perm_mask` [B, L, L]: 1 where i may not attend to j; `target_mapping` [B, num_predict, L]: the tokens to
+          predict (one-hot rows), which turns on the query stream;
+        - `token_type_ids` [B, L]: segment ids (0 ... 4), only "same segment or not" matters;
+        - `use_mems`: return the next `mems` (default: `config.use_mems_train` / `use_mems_eval`).
+        """
+        kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
+        if kwargs:
+            raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        if use_mems is None:
+            use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
+
+        batch, query_length = self._check_inputs(
+            input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping, token_type_ids
+        )
+        memory = self._memory_from_mems(mems, batch)
+        memory_length = 0 if memory[0] is None else memory[0].shape[1]
+        key_length = memory_length + query_length
+
+        embeddings = self.word_embedding(input_ids) if inputs_embeds is None else inputs_embeds
+        device, dtype = embeddings.device, embeddings.dtype
+        content = self.dropout(embeddings)
+        query_stream = None
+        if target_mapping is not None:
+            # g^(0) = w, the trainable mask embedding, at every predicted position.
+            query_stream = self.dropout(self.mask_emb.to(dtype).expand(batch, target_mapping.shape[1], -1))
+            target_mapping = target_mapping.to(dtype)
+
+        query_mask, content_mask = self._attention_masks(
+            query_length, memory_length, attention_mask, input_mask, perm_mask, device
+        )
+        segment_mismatch = None
+        if token_type_ids is not None:
+            # Relative segment encoding (Yang et al. Sec. 2.5): only whether i and j share a segment; memory
+            # positions count as segment 0, as in the original code.
+            key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
+            segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
+        position_embeddings = self.dropout(
+            self._relative_position_embeddings(query_length, key_length, device)
+        ).to(dtype)
+
+        next_mems = () if use_mems else None
+        hidden_states = [] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer, layer_memory in zip(self.layer, memory):
+            if use_mems:
+                next_mems += (self._next_mems(content, layer_memory),)
+            if output_hidden_states:
+                hidden_states.extend([content] if query_stream is None else [content, query_stream])
+            content, query_stream, probs = layer(
+                content,
+                query_stream,
+                position_embeddings,
+                content_mask=content_mask,
+                query_mask=query_mask,
+                segment_mismatch=segment_mismatch,
+                memory=layer_memory,
+                target_mapping=target_mapping,
+                output_attentions=output_attentions,
+            )
+            if output_attentions:
+                attentions.append(probs)
+        if output_hidden_states:
+            hidden_states.extend([content] if query_stream is None else [content, query_stream])
+
+        output = self.dropout(content if query_stream is None else query_stream)
+        return XLNetModelOutput(
+            last_hidden_state=output,
+            mems=next_mems,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+
+class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
+    """XLNet with the language-modeling head (tied to the input embeddings, own bias).
+
+    Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
+    position m without it). Generation uses transformers' scheme: a dummy token that nobody sees is appended and is
+    the only prediction target; with memory, the last two known tokens are recomputed each step.
+    """
+
+    _tied_weights_keys = {"lm_loss.weight": "transformer.word_embedding.weight"}
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.transformer = XLNetModel(config)
+        self.lm_loss = nn.Linear(config.d_model, config.vocab_size, bias=True)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_loss
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_loss = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        token_type_ids=None,
+        input_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        use_mems=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> XLNetLMHeadModelOutput:
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            mems=mems,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            token_type_ids=token_type_ids,
+            input_mask=input_mask,
+            inputs_embeds=inputs_embeds,
+            use_mems=use_mems,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        logits = self.lm_loss(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
+        loss = None
+        if labels is not None:
+            loss = _loss_sum_or_mean(
+                _cross_entropy, logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), num_items_in_batch
+            )
+        return XLNetLMHeadModelOutput(
+            loss=loss,
+            logits=logits,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    # ----- generation (legacy `mems`; a dedicated memory cache can replace these three methods) ---------------
+
+    # Tokens of the previous step recomputed at every step with memory (transformers' choice: slightly better than 1).
+    generation_offset = 2
+
+    def prepare_inputs_for_generation(self, input_ids, cache=None, use_mems=None, is_first_iteration=False, **kwargs):
+        """Append a dummy token that no position sees (perm_mask) and that is the only target (target_mapping)."""
+        for unused in ("next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids"):
+            kwargs.pop(unused, None)
+        if kwargs.pop("inputs_embeds", None) is not None:
+            raise ValueError("XLNetLMHeadModel.generate: `inputs_embeds` is not supported; pass `input_ids`.")
+        mems = kwargs.pop("mems", None)
+        batch = input_ids.shape[0]
+        if mems:
+            input_ids = input_ids[:, -self.generation_offset :]
+            mems = tuple(mem[: -self.generation_offset] for mem in mems)
+        dummy = torch.zeros((batch, 1), dtype=input_ids.dtype, device=input_ids.device)
+        input_ids = torch.cat([input_ids, dummy], dim=1)
+        length = input_ids.shape[1]
+        perm_mask = torch.zeros((batch, length, length), dtype=torch.float, device=input_ids.device)
+        perm_mask[:, :, -1] = 1.0
+        target_mapping = torch.zeros((batch, 1, length), dtype=torch.float, device=input_ids.device)
+        target_mapping[:, 0, -1] = 1.0
+        model_inputs = {
+            "input_ids": input_ids,
+            "perm_mask": perm_mask,
+            "target_mapping": target_mapping,
+            "use_mems": use_mems,
+        }
+        if mems:
+            model_inputs["mems"] = mems
+        for key, value in kwargs.items():
+            model_inputs.setdefault(key, value)
+        return model_inputs
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        if "mems" in outputs:
+            model_kwargs["mems"] = outputs.mems
+        return super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder, num_new_tokens)
+
+    @staticmethod
+    def _reorder_cache(mems, beam_idx):
+        """Beam search: keep the memory of the surviving beams (batch is dim 1 of the time-major mems)."""
+        return tuple(mem.index_select(1, beam_idx.to(mem.device)) for mem in mems)
+
+
+class XLNetForSequenceClassification(XLNetPreTrainedModel):
+    """Sequence summary (the last token, XLNet's CLS, by default) and a linear classifier / regressor."""
+
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = XLNetModel(config)
+        self.sequence_summary = XLNetSequenceSummary(config)
+        self.logits_proj = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        token_type_ids=None,
+        input_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        use_mems=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> XLNetForSequenceClassificationOutput:
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            mems=mems,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            token_type_ids=token_type_ids,
+            input_mask=input_mask,
+            inputs_embeds=inputs_embeds,
+            use_mems=use_mems,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self._classification_loss(logits, labels, num_items_in_batch)
+        return XLNetForSequenceClassificationOutput(
+            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    def _classification_loss(self, logits, labels, num_items_in_batch):
+        if self.config.problem_type is None:
+            if self.num_labels == 1:
+                self.config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                self.config.problem_type = "single_label_classification"
+            else:
+                self.config.problem_type = "multi_label_classification"
+        if self.config.problem_type == "regression":
+            if self.num_labels == 1:
+                logits, labels = logits.squeeze(), labels.squeeze()
+            return _loss_sum_or_mean(F.mse_loss, logits, labels.to(logits.dtype), num_items_in_batch)
+        if self.config.problem_type == "single_label_classification":
+            return _loss_sum_or_mean(
+                _cross_entropy, logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch
+            )
+        return _loss_sum_or_mean(
+            F.binary_cross_entropy_with_logits, logits, labels.to(logits.dtype), num_items_in_batch
+        )
+
+
+class XLNetForTokenClassification(XLNetPreTrainedModel):
+    """A linear classifier on every position (NER and the like)."""
+
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = XLNetModel(config)
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        token_type_ids=None,
+        input_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        use_mems=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> XLNetForTokenClassificationOutput:
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            mems=mems,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            token_type_ids=token_type_ids,
+            input_mask=input_mask,
+            inputs_embeds=inputs_embeds,
+            use_mems=use_mems,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        logits = self.classifier(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = _loss_sum_or_mean(
+                _cross_entropy, logits.reshape(-1, self.num_labels), labels.reshape(-1), num_items_in_batch
+            )
+        return XLNetForTokenClassificationOutput(
+            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class XLNetForMultipleChoice(XLNetPreTrainedModel):
+    """Scores each of the `num_choices` sequences ([B, C, L] inputs) with the sequence summary and one logit."""
+
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.transformer = XLNetModel(config)
+        self.sequence_summary = XLNetSequenceSummary(config)
+        self.logits_proj = nn.Linear(config.d_model, 1)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        token_type_ids=None,
+        input_mask=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        inputs_embeds=None,
+        labels=None,
+        use_mems=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> XLNetForMultipleChoiceOutput:
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None or reference.dim() < (3 if input_ids is not None else 4):
+            raise ValueError(
+                "XLNetForMultipleChoice: expected `input_ids` [batch_size, num_choices, seq_len] (or `inputs_embeds` "
+                f"[batch_size, num_choices, seq_len, d_model]), got {None if reference is None else tuple(reference.shape)}."
+            )
+        num_choices = reference.shape[1]
+
+        def flat(tensor, trailing=1):
+            return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
+
+        outputs = self.transformer(
+            flat(input_ids),
+            token_type_ids=flat(token_type_ids),
+            input_mask=flat(input_mask),
+            attention_mask=flat(attention_mask),
+            mems=mems,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            inputs_embeds=flat(inputs_embeds, 2),
+            use_mems=use_mems,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state)).view(-1, num_choices)
+        loss = None
+        if labels is not None:
+            loss = _loss_sum_or_mean(_cross_entropy, logits, labels.view(-1), num_items_in_batch)
+        return XLNetForMultipleChoiceOutput(
+            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
+    """Extractive QA with independent start / end logits (one linear layer, `num_labels` = 2)."""
+
+    accepts_loss_kwargs = False  # span losses use start/end positions, never `labels`: Trainer scales them for GA
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = XLNetModel(config)
+        self.qa_outputs = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        token_type_ids=None,
+        input_mask=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        use_mems=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> XLNetForQuestionAnsweringSimpleOutput:
+        outputs = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            mems=mems,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            token_type_ids=token_type_ids,
+            input_mask=input_mask,
+            inputs_embeds=inputs_embeds,
+            use_mems=use_mems,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
+        start_logits = start_logits.squeeze(-1).contiguous()
+        end_logits = end_logits.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Positions outside the sequence are ignored (clamped onto an ignore index).
+            ignored = start_logits.shape[1]
+            start_positions = start_positions.reshape(-1).clamp(0, ignored)
+            end_positions = end_positions.reshape(-1).clamp(0, ignored)
+            start_loss = F.cross_entropy(start_logits, start_positions, ignore_index=ignored)
+            end_loss = F.cross_entropy(end_logits, end_positions, ignore_index=ignored)
+            loss = (start_loss + end_loss) / 2
+        return XLNetForQuestionAnsweringSimpleOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, mems=outputs.mems,
+            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+        )
+
+
+class XLNetForQuestionAnswering(XLNetPreTrainedModel):
+    """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability.
+
+    Training (start and end positions given): end logits use the gold start; loss = (start + end) / 2, plus 0.5 x the
+    answerability BCE when `cls_index` and `is_impossible` are given. Inference: beam search over the `start_n_top`
+    best starts and, for each, the `end_n_top` best ends; the answer class uses the start-probability-weighted state.
+    """
+
+    accepts_loss_kwargs = False  # span losses use start/end positions, never `labels`: Trainer scales them for GA
+
+    def __init__(self, config: XLNetConfig):
+        super().__init__(config)
+        self.start_n_top = config.start_n_top
+        self.end_n_top = config.end_n_top
+        self.transformer = XLNetModel(config)
+        self.start_logits = XLNetPoolerStartLogits(config)
+        self.end_logits = XLNetPoolerEndLogits(config)
+        self.answer_class = XLNetPoolerAnswerClass(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        token_type_ids=None,
+        input_mask=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        is_impossible=None,
+        cls_index=None,
+        p_mask=None,
+        use_mems=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> XLNetForQuestionAnsweringOutput:
+        outputs = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            mems=mems,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            token_type_ids=token_type_ids,
+            input_mask=input_mask,
+            inputs_embeds=inputs_embeds,
+            use_mems=use_mems,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        hidden = outputs.last_hidden_state
+        start_logits = self.start_logits(hidden, p_mask=p_mask)
+        common = {"mems": outputs.mems, "hidden_states": outputs.hidden_states, "attentions": outputs.attentions}
+
+        if start_positions is not None and end_positions is not None:
+            start_positions, end_positions = start_positions.reshape(-1), end_positions.reshape(-1)
+            end_logits = self.end_logits(hidden, start_positions=start_positions, p_mask=p_mask)
+            loss = (F.cross_entropy(start_logits, start_positions) + F.cross_entropy(end_logits, end_positions)) / 2
+            if cls_index is not None and is_impossible is not None:
+                cls_logits = self.answer_class(hidden, start_positions=start_positions, cls_index=cls_index.reshape(-1))
+                cls_loss = F.binary_cross_entropy_with_logits(cls_logits, is_impossible.reshape(-1).to(cls_logits.dtype))
+                loss = loss + 0.5 * cls_loss  # the original weighs answerability by 0.5
+            return XLNetForQuestionAnsweringOutput(loss=loss, **common)
+
+        batch, length, width = hidden.shape
+        start_probs = F.softmax(start_logits, dim=-1)  # [B, L]
+        start_top_probs, start_top_index = torch.topk(start_probs, self.start_n_top, dim=-1)  # [B, k_s]
+        start_states = hidden.gather(-2, start_top_index[..., None].expand(-1, -1, width))  # [B, k_s, d]
+        start_states = start_states[:, None].expand(-1, length, -1, -1)  # [B, L, k_s, d]
+        hidden_expanded = hidden[:, :, None].expand_as(start_states)
+        end_p_mask = p_mask[..., None] if p_mask is not None else None
+        end_logits = self.end_logits(hidden_expanded, start_states=start_states, p_mask=end_p_mask)  # [B, L, k_s]
+        end_probs = F.softmax(end_logits, dim=1)
+        end_top_probs, end_top_index = torch.topk(end_probs, self.end_n_top, dim=1)  # [B, k_e, k_s]
+        end_top_probs = end_top_probs.reshape(-1, self.start_n_top * self.end_n_top)
+        end_top_index = end_top_index.reshape(-1, self.start_n_top * self.end_n_top)
+        expected_start = torch.einsum("blh,bl->bh", hidden, start_probs)
+        cls_logits = self.answer_class(hidden, start_states=expected_start, cls_index=cls_index)
+        return XLNetForQuestionAnsweringOutput(
+            start_top_log_probs=start_top_probs,
+            start_top_index=start_top_index,
+            end_top_log_probs=end_top_probs,
+            end_top_index=end_top_index,
+            cls_logits=cls_logits,
+            **common,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Auto classes and Hub export
+# ---------------------------------------------------------------------------------------------------------------
+
+# Which of our classes each Auto class gives for model type "xlnet" (transformers' own XLNet mapping, same names).
+AUTO_CLASSES = {
+    "AutoModel": "XLNetModel",
+    "AutoModelForPreTraining": "XLNetLMHeadModel",
+    "AutoModelForCausalLM": "XLNetLMHeadModel",
+    "AutoModelForSequenceClassification": "XLNetForSequenceClassification",
+    "AutoModelForTokenClassification": "XLNetForTokenClassification",
+    "AutoModelForMultipleChoice": "XLNetForMultipleChoice",
+    "AutoModelForQuestionAnswering": "XLNetForQuestionAnsweringSimple",
+}
+
+# The files a Hub folder needs to run these classes as remote code (they import only torch, transformers and each
+# other).
+REMOTE_CODE_FILES = ("configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py")
+
+
+def use_for_auto_classes():
+    """Make `AutoConfig` / `AutoModel*` give these classes for model type "xlnet", in this process.
+
+    Opt-in: importing the package leaves transformers' built-in XLNet in place. Undo with `use_builtin_auto_classes`.
+    """
+    import transformers
+
+    transformers.AutoConfig.register(XLNetConfig.model_type, XLNetConfig, exist_ok=True)
+    for auto_name, class_name in AUTO_CLASSES.items():
+        getattr(transformers, auto_name).register(XLNetConfig, globals()[class_name], exist_ok=True)
+
+
+def use_builtin_auto_classes():
+    """Give model type "xlnet" back to transformers' built-in XLNet in the Auto classes."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if CONFIG_MAPPING._extra_content.get(XLNetConfig.model_type) is XLNetConfig:
+        del CONFIG_MAPPING._extra_content[XLNetConfig.model_type]
+    for auto_name in AUTO_CLASSES:
+        getattr(transformers, auto_name)._model_mapping._extra_content.pop(XLNetConfig, None)
+
+
+def save_with_remote_code(model: XLNetPreTrainedModel, save_directory, **save_kwargs):
+    """`save_pretrained` plus what `trust_remote_code=True` needs: the modeling files next to the weights and an
+    `auto_map` in config.json for every Auto class. Without `trust_remote_code` the folder still loads in
+    transformers' own XLNet classes (same model type and weight names)."""
+    model.save_pretrained(save_directory, **save_kwargs)
+    source = os.path.dirname(os.path.abspath(__file__))
+    for file_name in REMOTE_CODE_FILES:
+        shutil.copyfile(os.path.join(source, file_name), os.path.join(save_directory, file_name))
+    config_path = os.path.join(save_directory, "config.json")
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["auto_map"] = {"AutoConfig": "configuration_xlnet.XLNetConfig"}
+    config["auto_map"].update({auto: f"modeling_xlnet.{name}" for auto, name in AUTO_CLASSES.items()})
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+__all__ = [
+    "XLNetPreTrainedModel",
+    "XLNetModel",
+    "XLNetLMHeadModel",
+    "XLNetForSequenceClassification",
+    "XLNetForTokenClassification",
+    "XLNetForMultipleChoice",
+    "XLNetForQuestionAnsweringSimple",
+    "XLNetForQuestionAnswering",
+    "use_for_auto_classes",
+    "use_builtin_auto_classes",
+    "save_with_remote_code",
+]
