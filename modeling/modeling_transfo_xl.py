@@ -436,10 +436,14 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
         mask = self._attention_mask(query_length, memory_length, attention_mask, device)
-        position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen.
         reuse_projections = not self.training and config.attn_type in (0, 1)
+        stored_keys = cache.layers[0].position_keys
+        position_keys_stored = reuse_projections and stored_keys is not None and stored_keys.shape[1] >= key_length
+        position_embedding = None
+        if config.attn_type == 2 or (config.attn_type == 0 and not position_keys_stored):
+            position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)
 
         if config.attn_type == 2:  # vanilla absolute positions: added to the segment and to layer 0's memory
             inputs_embeds = inputs_embeds + position_embedding[memory_length:]
