@@ -13,6 +13,19 @@ from .modeling.modeling_transfo_xl import (
     TransfoXLModel,
     TransfoXLPreTrainedModel,
 )
+from .modeling.configuration_xlnet import XLNetConfig
+from .modeling.modeling_xlnet import (
+    XLNetForMultipleChoice,
+    XLNetForQuestionAnswering,
+    XLNetForQuestionAnsweringSimple,
+    XLNetForSequenceClassification,
+    XLNetForTokenClassification,
+    XLNetLMHeadModel,
+    XLNetModel,
+    XLNetPreTrainedModel,
+    use_builtin_auto_classes,
+    use_for_auto_classes,
+)
 
 AutoConfig.register(TransfoXLConfig.model_type, TransfoXLConfig)
 AutoModel.register(TransfoXLConfig, TransfoXLModel)
@@ -25,4 +38,15 @@ __all__ = [
     "TransfoXLModel",
     "TransfoXLLMHeadModel",
     "TransfoXLForSequenceClassification",
+    "XLNetConfig",
+    "XLNetPreTrainedModel",
+    "XLNetModel",
+    "XLNetLMHeadModel",
+    "XLNetForSequenceClassification",
+    "XLNetForTokenClassification",
+    "XLNetForMultipleChoice",
+    "XLNetForQuestionAnsweringSimple",
+    "XLNetForQuestionAnswering",
+    "use_for_auto_classes",
+    "use_builtin_auto_classes",
 ]
