@@ -26,6 +26,7 @@ from .relative_attention import (
     causal_memory_mask,
     check_memory,
     relative_attention,
+    relative_position_scores,
     relative_shift,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
@@ -133,10 +134,14 @@ class TransfoXLAttention(nn.Module):
         return self._heads(self.r_net(position_embedding)[None])[0]
 
     def _position_scores(self, query, key_length, position_keys, r_r_bias):
-        """Terms (b)+(d) for every (query, key) pair, [B, H, q, k] (None for absolute attention types)."""
+        """Terms (b)+(d) for every (query, key) pair, [B, H, q, k] (None for absolute attention types).
+
+        Row i of the unshifted scores lists distances k-1 ... 0; key j of query i is at distance (k - q + i) - j,
+        hence the shift offset q - 1."""
+        offset = query.shape[2] - 1
         if self.attn_type == 0:
-            scores = torch.matmul(query + r_r_bias[:, None, :], position_keys.transpose(-1, -2))
-        elif self.attn_type == 1:
+            return relative_position_scores(query, position_keys, r_r_bias, key_length, offset)
+        if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
             if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
                 pad = key_length - r_emb.shape[0]
@@ -144,10 +149,8 @@ class TransfoXLAttention(nn.Module):
                 r_bias = torch.cat([r_bias[:1].expand(pad, -1), r_bias])
             r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
             scores = torch.matmul(query, r_emb.permute(1, 2, 0)) + r_bias.t()[:, None, :]
-        else:
-            return None
-        # Row i lists distances k-1 ... 0; key j of query i is at distance (k - q + i) - j.
-        return relative_shift(scores, key_length, offset=query.shape[2] - 1)
+            return relative_shift(scores, key_length, offset)
+        return None
 
     def forward(
         self,
