@@ -75,13 +75,17 @@ def relative_attention(
     mask: torch.Tensor | None = None,
     dropout: float = 0.0,
     output_attentions: bool = False,
+    score_bias_scale: float | None = None,
 ):
     """softmax(((q + u) k^T + score_bias) / sqrt(d)) v, with masked pairs removed.
 
     - query [B, H, q, d], key / value [B, H, k, d]; content_bias (u) [H, d] or None;
     - score_bias: the unscaled position terms (b)+(d), already shifted, plus any other term (XLNet's segment
       term), broadcastable to [B, H, q, k], or None;
-    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None.
+    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None;
+    - score_bias_scale: the factor applied to score_bias, default 1/sqrt(d). Pass 1.0 for a bias that is already
+      scaled (e.g. position scores of pre-scaled position keys): without a mask it then reaches the kernel as it is,
+      the strided view of `relative_shift` included, so the [B, H, q, k] bias is never copied.
 
     The default path is torch's fused `scaled_dot_product_attention` with the scaled score bias as its float mask;
     `output_attentions=True` takes the eager path, which also returns the probabilities. Both give the same
@@ -93,7 +97,10 @@ def relative_attention(
         query = query + content_bias[:, None, :].to(query.dtype)
     bias = None
     if score_bias is not None:
-        bias = score_bias.to(query.dtype) * scale
+        bias = score_bias.to(query.dtype)
+        factor = scale if score_bias_scale is None else score_bias_scale
+        if factor != 1.0:
+            bias = bias * factor
     if mask is not None:
         if bias is None:
             bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
