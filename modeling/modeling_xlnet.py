@@ -186,20 +186,25 @@ class XLNetRelativeAttention(nn.Module):
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions):
-        batch, _, query_length, _ = query.shape
+        batch, _, query_length, head_dim = query.shape
         key_length = key.shape[2]
+        # The position and segment terms are computed pre-scaled by 1/sqrt(d) (scaled position keys and segment
+        # embeddings), so that without a mask the shifted view goes to the fused kernel without a copy.
+        scale = head_dim**-0.5
         # (b) + (d). Query row i sits at distance (k - q + i) - j from key j; the encodings list the distances
         # k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift).
         grouped = query.unflatten(0, (2, batch // 2)) if self.bi_data else query
-        scores = relative_position_scores(grouped, position_keys, self.r_r_bias, key_length, offset=query_length)
+        scores = relative_position_scores(
+            grouped, position_keys * scale, self.r_r_bias, key_length, offset=query_length
+        )
         if self.bi_data:
             scores = scores.flatten(0, 1)
         if segment_mismatch is not None:
             # (q_i + b)^T s_ij with s_ij = s_+ (seg_embed[0]) inside a segment, s_- (seg_embed[1]) across segments.
-            segment_scores = torch.matmul(
-                query + self.r_s_bias[:, None, :].to(query.dtype), self.seg_embed.permute(1, 2, 0).to(query.dtype)
-            )
-            scores = scores + torch.where(segment_mismatch[:, None], segment_scores[..., 1:], segment_scores[..., :1])
+            segment_embeddings = (self.seg_embed.permute(1, 2, 0) * scale).to(query.dtype)
+            segment_scores = torch.matmul(query + self.r_s_bias[:, None, :].to(query.dtype), segment_embeddings)
+            segment_scores = torch.where(segment_mismatch[:, None], segment_scores[..., 1:], segment_scores[..., :1])
+            scores = segment_scores.add_(scores)
         return relative_attention(
             query,
             key,
@@ -209,6 +214,7 @@ class XLNetRelativeAttention(nn.Module):
             mask=mask,
             dropout=self.attention_dropout if self.training else 0.0,
             output_attentions=output_attentions,
+            score_bias_scale=1.0,
         )
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
