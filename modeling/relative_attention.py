@@ -62,6 +62,13 @@ def relative_position_scores(
     """
     if position_bias is not None:
         query = query + position_bias[:, None, :].to(query.dtype)
+    if query.dim() == 4 and position_keys.dim() == 3:
+        # Keys shared by every batch row: one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones (which
+        # would also copy the keys B times). Shifted in [H, B, q, R] layout, returned as a [B, H, q, k] view.
+        batch, heads, length, dim = query.shape
+        folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
+        scores = torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
+        return relative_shift(scores, key_length, offset).transpose(0, 1)
     scores = torch.matmul(query, position_keys.transpose(-1, -2))
     return relative_shift(scores, key_length, offset)
 
