@@ -781,6 +781,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
         logits = self.lm_loss(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
@@ -886,6 +887,7 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
         logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state))
@@ -960,6 +962,7 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state)
@@ -1027,6 +1030,7 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
         logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state)).view(-1, num_choices)
@@ -1081,6 +1085,7 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
@@ -1154,6 +1159,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
         hidden = outputs.last_hidden_state

@@ -228,6 +228,7 @@ CONFIGS = {
     "clamp_len": {"clamp_len": 3},
     "bi_data_clamp_uni": {"bi_data": True, "clamp_len": 2, "attn_type": "uni"},
     "gelu_new_3_layers": {"ff_activation": "gelu_new", "n_layer": 3},
+    "chunked_feed_forward": {"chunk_size_feed_forward": 2},  # transformers chunks the batch dim, we the sequence
 }
 
 
@@ -320,13 +321,19 @@ def test_question_answering_top_k_with_p_mask_and_cls_index():
             end_positions=torch.tensor([4, 3]), cls_index=torch.tensor([6, 6]), is_impossible=torch.tensor([1.0, 0.0]))
 
 
-def test_tuple_outputs_match():
-    reference, model = make_pair("XLNetLMHeadModel")
+@pytest.mark.parametrize("class_name", HEADS)
+def test_tuple_outputs_match(class_name):
+    reference, model = make_pair(class_name)
+    inputs = head_inputs(class_name, with_labels=True)
     with torch.no_grad():
-        expected = reference(ids(), labels=ids(seed=4), use_mems=True, return_dict=False)
-        actual = model(ids(), labels=ids(seed=4), use_mems=True, return_dict=False)
+        expected = reference(**inputs, use_mems=True, return_dict=False)
+        actual = model(**inputs, use_mems=True, return_dict=False)
     assert isinstance(actual, tuple)
     assert_close(expected, actual)
+    # config.return_dict=False too (the heads still read the base model's output by name)
+    reference.config.return_dict = model.config.return_dict = False
+    with torch.no_grad():
+        assert_close(reference(**inputs), model(**inputs))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -342,6 +349,13 @@ def test_greedy_generation_matches_transformers(use_mems):
     expected = reference.generate(prompt, **settings)
     actual = model.generate(prompt, **settings)
     assert torch.equal(expected, actual)
+
+
+def test_generation_in_bfloat16():
+    """transformers' XLNet cannot generate in half precision (fp32 position encodings meet bf16 weights); ours can."""
+    _, model = make_pair("XLNetLMHeadModel", mem_len=16)
+    output = model.to(torch.bfloat16).generate(ids(2, 5), max_new_tokens=4, do_sample=False, pad_token_id=5)
+    assert output.shape == (2, 9)
 
 
 def test_beam_search_matches_transformers():
