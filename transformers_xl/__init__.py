@@ -4,7 +4,13 @@ Importing the package registers model type `transfo-xl` with the Auto classes. X
 built-in registration; our XLNet classes are imported from here (see README, "Auto classes").
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
 
 from .modeling.configuration_transfo_xl import TransfoXLConfig
 from .modeling.modeling_transfo_xl import (
@@ -13,6 +19,7 @@ from .modeling.modeling_transfo_xl import (
     TransfoXLModel,
     TransfoXLPreTrainedModel,
 )
+from .tokenization.tokenization_transfo_xl import TransfoXLTokenizer
 from .modeling.configuration_xlnet import XLNetConfig
 from .modeling.modeling_xlnet import (
     XLNetForMultipleChoice,
@@ -31,6 +38,7 @@ AutoConfig.register(TransfoXLConfig.model_type, TransfoXLConfig)
 AutoModel.register(TransfoXLConfig, TransfoXLModel)
 AutoModelForCausalLM.register(TransfoXLConfig, TransfoXLLMHeadModel)
 AutoModelForSequenceClassification.register(TransfoXLConfig, TransfoXLForSequenceClassification)
+AutoTokenizer.register(TransfoXLConfig, tokenizer_class=TransfoXLTokenizer)
 
 __all__ = [
     "TransfoXLConfig",
@@ -38,6 +46,7 @@ __all__ = [
     "TransfoXLModel",
     "TransfoXLLMHeadModel",
     "TransfoXLForSequenceClassification",
+    "TransfoXLTokenizer",
     "XLNetConfig",
     "XLNetPreTrainedModel",
     "XLNetModel",

@@ -1,0 +1,178 @@
+"""Transformer-XL's word-level tokenizer on the `tokenizers` library, with the legacy ids and no pickle.
+
+The whole pipeline (Moses normalisation and tokenisation, number splitting, WordLevel vocabulary, Moses
+detokenisation) is a `tokenizers.Tokenizer` saved as `tokenizer.json` (see `moses_pipeline`). A folder holding
+only a legacy `vocab.pkl` / `vocab.bin` / `vocab.txt` loads too: the vocabulary is read without running the pickle
+(see `legacy_vocab`), and `save_pretrained` then writes `tokenizer.json` + `tokenizer_config.json`.
+"""
+
+from os import PathLike
+
+from tokenizers import Tokenizer, processors
+from tokenizers.models import WordLevel
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+from .legacy_vocab import build_vocab, read_legacy_vocab, split_symbols, unknown_symbol
+from .moses_pipeline import moses_decoder, moses_normalizer, moses_pre_tokenizer
+
+VOCAB_FILES_NAMES = {
+    "tokenizer_file": "tokenizer.json",
+    "pretrained_vocab_file": "vocab.pkl",
+    "pretrained_vocab_file_torch": "vocab.bin",
+    "vocab_file": "vocab.txt",
+}
+
+
+class TransfoXLTokenizer(TokenizersBackend):
+    """Transformer-XL tokenizer: words as the legacy transformers 4.x tokenizer split them, one id per word.
+
+    Args:
+        vocab (`dict[str, int]` or `list[str]`, *optional*): the symbols and their ids (a list: ids in order).
+            Otherwise the vocabulary comes from `tokenizer_file`, or else from the first legacy file given.
+        tokenizer_file (`str`, *optional*): a `tokenizer.json` written by this class; it holds the whole pipeline.
+        pretrained_vocab_file, pretrained_vocab_file_torch, vocab_file (`str`, *optional*): a legacy `vocab.pkl`,
+            `vocab.bin` or original-code `vocab.txt`.
+        lower_case (`bool`, defaults to `False`): lower-case the text first.
+        add_eos (`bool`, defaults to `False`): end every sequence with `<eos>`, as the legacy `add_eos=True`.
+        add_double_eos (`bool`, defaults to `False`): wrap every sequence in `<S>` ... `<S>` (lm1b style).
+        never_split (`list[str]`, *optional*): `<word>` tokens kept whole in any letter case (the special tokens by
+            default); the special tokens themselves are never split in their exact spelling.
+        unk_token, eos_token, additional_special_tokens: as the legacy tokenizer (`<unk>`, `<eos>`, `["<formula>"]`).
+        delimiter, language: accepted for legacy configs; only `None` and `"en"` are supported.
+    """
+
+    vocab_files_names = VOCAB_FILES_NAMES
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(
+        self,
+        vocab: dict[str, int] | list[str] | None = None,
+        tokenizer_file: str | None = None,
+        pretrained_vocab_file: str | None = None,
+        pretrained_vocab_file_torch: str | None = None,
+        vocab_file: str | None = None,
+        lower_case: bool = False,
+        add_eos: bool = False,
+        add_double_eos: bool = False,
+        never_split: list[str] | None = None,
+        unk_token: str = "<unk>",
+        eos_token: str = "<eos>",
+        additional_special_tokens: list[str] | None = None,
+        delimiter: str | None = None,
+        language: str = "en",
+        **kwargs,
+    ):
+        if delimiter == "":
+            raise ValueError("TransfoXLTokenizer: character-level vocabularies (`delimiter=''`) are not supported.")
+        if language != "en":
+            raise ValueError(f"TransfoXLTokenizer: only the English Moses rules exist here, not {language!r}.")
+        if additional_special_tokens is None and "extra_special_tokens" not in kwargs:
+            additional_special_tokens = ["<formula>"]
+        self._add_eos, self._add_double_eos = add_eos, add_double_eos
+        kwargs.pop("clean_up_tokenization_spaces", None)  # legacy configs say True: the decoder does the clean-up
+        if tokenizer_file is None:
+            if vocab is None:
+                legacy_file = pretrained_vocab_file or pretrained_vocab_file_torch or vocab_file
+                if legacy_file is None:
+                    raise ValueError("TransfoXLTokenizer needs a `vocab`, a `tokenizer_file` or a legacy vocab file.")
+                vocab = read_legacy_vocab(legacy_file)
+            specials = [unk_token, eos_token, *(additional_special_tokens or kwargs.get("extra_special_tokens", []))]
+            self._tokenizer = self._build_pipeline(vocab, lower_case, [str(t) for t in never_split or specials])
+        super().__init__(
+            tokenizer_file=tokenizer_file,
+            lower_case=lower_case,
+            add_eos=add_eos,
+            add_double_eos=add_double_eos,
+            never_split=never_split,
+            unk_token=unk_token,
+            eos_token=eos_token,
+            additional_special_tokens=additional_special_tokens,
+            clean_up_tokenization_spaces=False,
+            **kwargs,
+        )
+        self.update_post_processor()
+
+    @staticmethod
+    def _build_pipeline(vocab, lower_case, protected_tokens) -> Tokenizer:
+        if not isinstance(vocab, dict):
+            vocab = {symbol: index for index, symbol in enumerate(vocab)}
+        tokenizer = Tokenizer(WordLevel(vocab, unk_token=unknown_symbol(vocab)))
+        tokenizer.normalizer = moses_normalizer(lower_case, protected_tokens)
+        tokenizer.pre_tokenizer = moses_pre_tokenizer()
+        tokenizer.decoder = moses_decoder()
+        return tokenizer
+
+    @classmethod
+    def convert_to_native_format(cls, **kwargs):
+        """`tokenizer.json` is our complete pipeline: load it as it is, rather than re-deriving it from its vocab."""
+        return kwargs
+
+    @classmethod
+    def from_corpus(
+        cls,
+        paths: str | PathLike | list[str | PathLike],
+        special=("<eos>",),
+        min_freq: int = 0,
+        max_size: int | None = None,
+        lower_case: bool = False,
+        add_eos: bool = False,
+        **kwargs,
+    ) -> "TransfoXLTokenizer":
+        """A tokenizer whose vocabulary is built from tokenised text files (WikiText) as the original `Vocab` builds
+        it: words split on spaces, `special` first (wt103: `["<eos>"]`, hence `<eos>` = 0), then the most common
+        words seen at least `min_freq` times, at most `max_size` of them. `add_eos` counts an `<eos>` per line and
+        makes the tokenizer end sequences with it. The vocabulary needs an `<unk>` (WikiText has one)."""
+        paths = [paths] if isinstance(paths, (str, PathLike)) else paths
+        symbol_lines = (split_symbols(line, lower_case, add_eos) for path in paths for line in _lines(path))
+        vocab = build_vocab(symbol_lines, special, min_freq, max_size)
+        return cls(vocab=vocab, lower_case=lower_case, add_eos=add_eos, **kwargs)
+
+    @property
+    def lower_case(self) -> bool:
+        return self.init_kwargs.get("lower_case", False)
+
+    do_lower_case = lower_case
+
+    @property
+    def add_eos(self) -> bool:
+        return self._add_eos
+
+    @add_eos.setter
+    def add_eos(self, value: bool):
+        self._add_eos = value
+        self.update_post_processor()
+
+    @property
+    def add_double_eos(self) -> bool:
+        return self._add_double_eos
+
+    @add_double_eos.setter
+    def add_double_eos(self, value: bool):
+        self._add_double_eos = value
+        self.update_post_processor()
+
+    def update_post_processor(self):
+        """`<S> text <S>` with `add_double_eos`, `text <eos>` with `add_eos`, else the text alone, as legacy."""
+        if getattr(self, "_add_double_eos", False):
+            marker_id = self._tokenizer.token_to_id("<S>")
+            if marker_id is None:  # the legacy tokenizer encoded a missing `<S>` as unknown
+                marker_id = self._tokenizer.token_to_id(self._tokenizer.model.unk_token)
+            marker = ("<S>", marker_id)
+            single, pair = "<S> $A <S>", "<S> $A <S> <S>:1 $B:1 <S>:1"
+        elif getattr(self, "_add_eos", False):
+            marker = (str(self.eos_token), self.eos_token_id)
+            single, pair = f"$A {marker[0]}", f"$A {marker[0]} $B:1 {marker[0]}:1"
+        else:
+            self._tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+            return
+        self._tokenizer.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=[marker]
+        )
+
+
+def _lines(path):
+    with open(path, encoding="utf-8") as lines:
+        yield from lines
+
+
+__all__ = ["TransfoXLTokenizer"]
