@@ -81,7 +81,8 @@ class XLNetConfig(PreTrainedConfig):
 
     @property
     def max_position_embeddings(self):
-        """Relative positions put no limit on the length (transformers' XLNetConfig says -1, which `generate` misreads)."""
+        """Relative positions put no limit on the length (transformers' XLNetConfig says -1, which `generate`
+        misreads as a limit)."""
         return None
 
     def _check_fields(self):

@@ -141,9 +141,10 @@ class XLNetRelativeAttention(nn.Module):
 
     For a query i and a key j (Dai et al. Sec. 3.3, with XLNet's segment term, Yang et al. Sec. 2.5):
 
-        score_ij = (q_i + u)^T k_j                  (a) + (c): content, `r_w_bias` = u
-                 + (q_i + v)^T W_r R_{i-j}         (b) + (d): relative position, `r_r_bias` = v
-                 + (q_i + b)^T s_ij                 relative segment encoding, `r_s_bias` = b, s_ij = `seg_embed`[same?]
+        score_ij = (q_i + u)^T k_j            (a) + (c): content; u = `r_w_bias`
+                 + (q_i + v)^T W_r R_{i-j}    (b) + (d): relative position; v = `r_r_bias`, W_r = `r`
+                 + (q_i + b)^T s_ij           relative segment encoding; b = `r_s_bias`, s_ij = `seg_embed`[0] if
+                                              i and j are in the same segment, else `seg_embed`[1]
 
     Keys and values come from the content stream over [memory; segment] for both streams; the content stream
     queries with h, the query stream with g. Parameters keep the original [d_model, n_head, d_head] layout.
@@ -330,7 +331,8 @@ class XLNetLayer(GradientCheckpointingLayer):
 
 
 def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.Tensor:
-    """Push positions with p_mask = 1 (question, special tokens, padding) to -1e30 (-65500 in fp16), as the original."""
+    """Push positions with p_mask = 1 (question, special tokens, padding) to -1e30 (-65500 in fp16), like the
+    original code."""
     if p_mask is None:
         return logits
     p_mask = p_mask.to(logits.dtype)
@@ -501,7 +503,9 @@ class XLNetModel(XLNetPreTrainedModel):
             raise ValueError(f"{name}: pass exactly one of `input_ids` and `inputs_embeds`.")
         if input_ids is not None:
             if input_ids.dim() != 2:
-                raise ValueError(f"{name}: `input_ids` has shape {tuple(input_ids.shape)}; expected [batch_size, seq_len].")
+                raise ValueError(
+                    f"{name}: `input_ids` has shape {tuple(input_ids.shape)}; expected [batch_size, seq_len]."
+                )
             batch, length = input_ids.shape
         else:
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model:
@@ -529,8 +533,9 @@ class XLNetModel(XLNetPreTrainedModel):
             or target_mapping.shape[1] == 0
         ):
             raise ValueError(
-                f"{name}: `target_mapping` has shape {tuple(target_mapping.shape)}; expected [batch_size, num_predict, "
-                f"seq_len] = ({batch}, num_predict >= 1, {length}) (batch_size, seq_len from the inputs)."
+                f"{name}: `target_mapping` has shape {tuple(target_mapping.shape)}; expected "
+                f"[batch_size, num_predict, seq_len] = ({batch}, num_predict >= 1, {length}) "
+                "(batch_size, seq_len from the inputs)."
             )
         if attention_mask is not None and input_mask is not None:
             raise ValueError(
@@ -661,7 +666,8 @@ class XLNetModel(XLNetPreTrainedModel):
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
 
@@ -1011,7 +1017,8 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         if reference is None or reference.dim() < (3 if input_ids is not None else 4):
             raise ValueError(
                 "XLNetForMultipleChoice: expected `input_ids` [batch_size, num_choices, seq_len] (or `inputs_embeds` "
-                f"[batch_size, num_choices, seq_len, d_model]), got {None if reference is None else tuple(reference.shape)}."
+                f"[batch_size, num_choices, seq_len, d_model]), got "
+                f"{None if reference is None else tuple(reference.shape)}."
             )
         num_choices = reference.shape[1]
 
@@ -1171,8 +1178,9 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
             end_logits = self.end_logits(hidden, start_positions=start_positions, p_mask=p_mask)
             loss = (F.cross_entropy(start_logits, start_positions) + F.cross_entropy(end_logits, end_positions)) / 2
             if cls_index is not None and is_impossible is not None:
-                cls_logits = self.answer_class(hidden, start_positions=start_positions, cls_index=cls_index.reshape(-1))
-                cls_loss = F.binary_cross_entropy_with_logits(cls_logits, is_impossible.reshape(-1).to(cls_logits.dtype))
+                cls_index, is_impossible = cls_index.reshape(-1), is_impossible.reshape(-1)
+                cls_logits = self.answer_class(hidden, start_positions=start_positions, cls_index=cls_index)
+                cls_loss = F.binary_cross_entropy_with_logits(cls_logits, is_impossible.to(cls_logits.dtype))
                 loss = loss + 0.5 * cls_loss  # the original weighs answerability by 0.5
             return XLNetForQuestionAnsweringOutput(loss=loss, **common)
 
