@@ -342,14 +342,24 @@ def test_tuple_outputs_match(class_name):
 # --------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mem_len", [4, None])  # 4: the memory is cut while generating
 @pytest.mark.parametrize("use_mems", [False, True])
-def test_greedy_generation_matches_transformers(use_mems):
-    reference, model = make_pair("XLNetLMHeadModel", mem_len=16)
+def test_greedy_generation_matches_transformers(use_mems, mem_len):
+    reference, model = make_pair("XLNetLMHeadModel", mem_len=mem_len)
     prompt = ids(2, 5)
-    settings = dict(max_new_tokens=6, do_sample=False, use_mems=use_mems, pad_token_id=5)
+    settings = dict(max_new_tokens=8, do_sample=False, use_mems=use_mems, pad_token_id=5)
     expected = reference.generate(prompt, **settings)
     actual = model.generate(prompt, **settings)
     assert torch.equal(expected, actual)
+
+
+def test_sampling_matches_transformers():
+    reference, model = make_pair("XLNetLMHeadModel", mem_len=16)
+    settings = dict(max_new_tokens=6, do_sample=True, top_k=5, pad_token_id=5)
+    torch.manual_seed(3)
+    expected = reference.generate(ids(2, 5), **settings)
+    torch.manual_seed(3)
+    assert torch.equal(expected, model.generate(ids(2, 5), **settings))
 
 
 def test_generation_in_bfloat16():
