@@ -7,7 +7,6 @@ Run: HF_HUB_OFFLINE=1 python -m pytest tests/test_modeling_xlnet.py
 
 import copy
 import json
-import os
 
 import pytest
 import torch
