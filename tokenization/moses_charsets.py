@@ -1,4 +1,4 @@
-"""The Moses tokenizer's character classes and English word lists, as data.
+r"""The Moses tokenizer's character classes and English word lists, as data.
 
 Our `tokenizers` pipeline must classify characters exactly as sacremoses does, so these classes are copied
 from sacremoses 0.2.0 (its perluniprops tables, `indic.VIRAMAS` / `NUKTAS`, the English nonbreaking
