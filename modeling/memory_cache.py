@@ -20,7 +20,8 @@ class MemoryLayer:
     def __init__(self, hidden=None):
         self.hidden = hidden
         self.keys = self.values = None
-        self.position_keys = None  # [heads, span, d_head] for distances span-1 ... 0
+        self.position_keys = None  # [..., heads, span, d_head] for distances lowest+span-1 ... lowest
+        self.lowest_distance = None
 
     def tensors(self):
         return {name: getattr(self, name) for name in ("hidden", "keys", "values") if getattr(self, name) is not None}
@@ -98,6 +99,20 @@ class MemoryCache(Cache):
         if layer_idx == 0:
             self.seen_tokens += new_hidden.shape[1]
 
+    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project):
+        """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from a stored table.
+
+        `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed
+        at least twice as long, so a memory that grows by one token per step costs amortised O(1) projections.
+        """
+        layer = self.layers[layer_idx]
+        stored = layer.position_keys
+        if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
+            longer = span if stored is None or layer.lowest_distance != lowest_distance else 2 * stored.shape[-2]
+            stored = layer.position_keys = project(max(span, longer))
+            layer.lowest_distance = lowest_distance
+        return stored[..., stored.shape[-2] - span :, :]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
 
@@ -121,14 +136,10 @@ class MemoryCache(Cache):
             layer.map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Forget the last `tokens_to_remove` tokens. Exact only while no older token was evicted by `mem_len`."""
+        """Forget the newest `tokens_to_remove` positions. This restores the earlier memory exactly only while no
+        older token has been evicted by `mem_len` (`is_croppable`); otherwise the memory is just shorter."""
         if tokens_to_remove <= 0:
             return
-        if not self.is_croppable:
-            raise ValueError(
-                f"MemoryCache.crop: {self.seen_tokens} tokens were seen but only the last {self.mem_len} are kept; "
-                "removing tokens cannot restore the evicted ones."
-            )
         for layer in self.layers:
             for name, tensor in layer.tensors().items():
                 axis = 1 if name == "hidden" else 2
@@ -141,6 +152,7 @@ class MemoryCache(Cache):
 
     @property
     def is_croppable(self) -> bool:
+        """Whether `crop` is an exact rollback (nothing evicted yet)."""
         hidden = self.layers[0].hidden
         return hidden is None or hidden.shape[1] == self.seen_tokens
 

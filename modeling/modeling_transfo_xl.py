@@ -442,10 +442,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen.
         reuse_projections = not self.training and config.attn_type in (0, 1)
-        stored_keys = cache.layers[0].position_keys
-        position_keys_stored = reuse_projections and stored_keys is not None and stored_keys.shape[1] >= key_length
         position_embedding = None
-        if config.attn_type == 2 or (config.attn_type == 0 and not position_keys_stored):
+        if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
             position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)
 
         if config.attn_type == 2:  # vanilla absolute positions: added to the segment and to layer 0's memory
@@ -463,7 +461,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
                 hidden,
                 memory=memory,
                 memory_key_values=cache.key_values(i) if reuse_projections else None,
-                position_keys=self._position_keys(i, key_length, position_embedding, cache, reuse_projections),
+                position_keys=self._position_keys(i, key_length, position_embedding, cache if reuse_projections else None),
                 mask=mask,
                 biases=biases,
                 output_attentions=output_attentions,
@@ -491,20 +489,23 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             attentions=attentions,
         )
 
-    def _position_keys(self, layer_idx, key_length, position_embedding, cache, reuse):
+    def _position_keys(self, layer_idx, key_length, position_embedding, cache):
         """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... 0 (attn_type 0 only).
 
-        When projections are reusable, the cache keeps them for the longest span seen: a step slices, not projects.
+        With a cache whose projections are reusable, they come from its stored table: a step slices, not projects.
         """
         if self.config.attn_type != 0:
             return None
         attention = self.layers[layer_idx].dec_attn
-        if not reuse:
+        if cache is None:
             return attention.project_positions(position_embedding)
-        stored = cache.layers[layer_idx].position_keys
-        if stored is None or stored.shape[1] < key_length:
-            stored = cache.layers[layer_idx].position_keys = attention.project_positions(position_embedding)
-        return stored[:, stored.shape[1] - key_length :]
+        dtype = attention.r_net.weight.dtype
+        return cache.position_keys(
+            layer_idx,
+            key_length,
+            0,
+            lambda span: attention.project_positions(self._position_embedding(span, dtype, attention.r_net.weight.device)),
+        )
 
 
 def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) -> dict[str, str]:
