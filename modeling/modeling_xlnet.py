@@ -36,6 +36,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
+from .memory_cache import MemoryCache
 from .relative_attention import (
     causal_memory_mask,
     check_memory,
@@ -43,7 +44,6 @@ from .relative_attention import (
     relative_position_scores,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
-    update_memory,
 )
 
 
@@ -65,6 +65,7 @@ class XLNetModelOutput(ModelOutput):
     mems: tuple[torch.Tensor, ...] | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    cache: MemoryCache | None = None
 
 
 @dataclass
@@ -76,6 +77,7 @@ class XLNetLMHeadModelOutput(ModelOutput):
     mems: tuple[torch.Tensor, ...] | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    cache: MemoryCache | None = None
 
 
 @dataclass
@@ -228,17 +230,27 @@ class XLNetRelativeAttention(nn.Module):
         self,
         content: torch.Tensor,
         query_stream: torch.Tensor | None,
-        position_embeddings: torch.Tensor,
+        position_keys: torch.Tensor,
         content_mask: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
+        memory_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
     ):
-        context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
-        key, value = self.project_keys_values(context)
-        position_keys = self.project_positions(position_embeddings)
+        """-> (content out, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
+
+        `memory_key_values`, when the memory's keys and values are already known (a generation cache), are reused:
+        they are a fixed projection of the memory.
+        """
+        if memory_key_values is not None:
+            key, value = self.project_keys_values(content)
+            key = torch.cat([memory_key_values[0], key], dim=2)
+            value = torch.cat([memory_key_values[1], value], dim=2)
+        else:
+            context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
+            key, value = self.project_keys_values(context)
 
         # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens only.
         attention, content_probs = self._attend(
@@ -246,7 +258,7 @@ class XLNetRelativeAttention(nn.Module):
         )
         content_out = self._post_attention(content, attention)
         if query_stream is None:
-            return content_out, None, content_probs
+            return content_out, None, content_probs, (key, value)
 
         # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
         # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
@@ -261,7 +273,7 @@ class XLNetRelativeAttention(nn.Module):
             attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
         query_out = self._post_attention(query_stream, attention)
         probs = (content_probs, query_probs) if output_attentions else None
-        return content_out, query_out, probs
+        return content_out, query_out, probs, (key, value)
 
 
 class XLNetFeedForward(nn.Module):
@@ -300,29 +312,31 @@ class XLNetLayer(GradientCheckpointingLayer):
         self,
         content: torch.Tensor,
         query_stream: torch.Tensor | None,
-        position_embeddings: torch.Tensor,
+        position_keys: torch.Tensor,
         content_mask: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
+        memory_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
     ):
-        content, query_stream, probs = self.rel_attn(
+        content, query_stream, probs, key_values = self.rel_attn(
             content,
             query_stream,
-            position_embeddings,
+            position_keys,
             content_mask=content_mask,
             query_mask=query_mask,
             segment_mismatch=segment_mismatch,
             memory=memory,
+            memory_key_values=memory_key_values,
             target_mapping=target_mapping,
             output_attentions=output_attentions,
         )
         content = self._feed_forward(content)
         if query_stream is not None:
             query_stream = self._feed_forward(query_stream)
-        return content, query_stream, probs
+        return content, query_stream, probs, key_values
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -560,41 +574,52 @@ class XLNetModel(XLNetPreTrainedModel):
 
     # ----- memory: the one place that reads and writes `mems` -------------------------------------------------
 
-    def _memory_from_mems(self, mems, batch: int) -> list:
-        """Per-layer memory, batch-first [B, m, d] views of the time-major public `mems` (None: no memory)."""
-        if mems is None:
-            return [None] * self.config.n_layer
-        check_memory(mems, self.config.n_layer, batch, self.config.d_model, type(self).__name__)
-        lengths = {mem.shape[0] for mem in mems}
-        if len(lengths) != 1:
-            raise ValueError(
-                f"{type(self).__name__}: `mems` entries have lengths {sorted(lengths)}; expected the same mem_len for "
-                "every layer."
-            )
-        if lengths == {0}:
-            return [None] * self.config.n_layer
-        return [mem.transpose(0, 1) for mem in mems]
+    def _memory(self, cache, mems, batch: int) -> MemoryCache:
+        """The memory as a MemoryCache: the given cache (updated in place), the legacy `mems`, or an empty one.
+        `mem_len` None or 0 keeps every past position."""
+        if cache is not None and mems is not None:
+            raise ValueError(f"{type(self).__name__}: pass the memory either as `cache` or as `mems`, not both.")
+        if mems is not None:
+            check_memory(mems, self.config.n_layer, batch, self.config.d_model, type(self).__name__)
+            lengths = {mem.shape[0] for mem in mems}
+            if len(lengths) != 1:
+                raise ValueError(
+                    f"{type(self).__name__}: `mems` entries have lengths {sorted(lengths)}; expected the same mem_len "
+                    "for every layer."
+                )
+            return MemoryCache.from_mems(mems, self.config.mem_len or None)
+        if cache is None:
+            return MemoryCache(self.config.n_layer, self.config.mem_len or None)
+        if cache.memory(0) is not None:
+            check_memory(cache.mems, self.config.n_layer, batch, self.config.d_model, type(self).__name__)
+        return cache
 
-    def _next_mems(self, layer_input: torch.Tensor, memory: torch.Tensor | None) -> torch.Tensor:
-        """SG([memory; layer input]) of Dai et al. Sec. 3.2: the next segment's memory for one layer, time-major.
-
-        Only the first `reuse_len` positions of the segment are kept (pretraining reuses the first half of a segment
-        and predicts in the second); `mem_len` None or 0 keeps every past position.
-        """
-        reuse_len = self.config.reuse_len
-        current = layer_input[:, :reuse_len] if reuse_len else layer_input
-        return update_memory(memory, current, self.config.mem_len or None).transpose(0, 1).contiguous()
+    def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
+        """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table."""
+        attention = self.layer[layer_idx].rel_attn
+        if cache is None:
+            return attention.project_positions(position_embeddings)
+        lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
+        span = key_length - lowest + 1
+        return cache.position_keys(
+            layer_idx,
+            span,
+            lowest,
+            lambda n: attention.project_positions(
+                self._relative_position_embeddings(lowest + n - 1, lowest, attention.r.device).to(attention.r.dtype)
+            ),
+        )
 
     # ----- encodings and masks ----------------------------------------------------------------------------------
 
-    def _relative_position_embeddings(self, query_length: int, key_length: int, device) -> torch.Tensor:
-        """Sinusoid encodings R of the relative distances k, k-1, ..., -q+1 ("bi") or k, ..., 0 ("uni").
+    def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
+        """Sinusoid encodings R of the relative distances highest, highest-1, ..., lowest: k ... -q+1 for "bi",
+        k ... 0 for "uni".
 
         With `bi_data` a second set encodes the negated distances (the backward direction, for the second half of
         the batch). Distances are clamped to +-clamp_len when clamp_len > 0. fp32: [R, d] or [2, R, d].
         """
-        end = -query_length if self.config.attn_type == "bi" else -1
-        positions = torch.arange(key_length, end, -1, dtype=torch.float32, device=device)
+        positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)
         if self.config.bi_data:
             positions = torch.stack([positions, -positions])
         if self.config.clamp_len > 0:
@@ -649,6 +674,7 @@ class XLNetModel(XLNetPreTrainedModel):
         input_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_mems: bool | None = None,
+        cache: MemoryCache | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs,
@@ -660,7 +686,8 @@ class XLNetModel(XLNetPreTrainedModel):
         - `perm_mask` [B, L, L]: 1 where i may not attend to j; `target_mapping` [B, num_predict, L]: the tokens to
           predict (one-hot rows), which turns on the query stream;
         - `token_type_ids` [B, L]: segment ids (0 ... 4), only "same segment or not" matters;
-        - `use_mems`: return the next `mems` (default: `config.use_mems_train` / `use_mems_eval`).
+        - `use_mems`: return the next `mems` (default: `config.use_mems_train` / `use_mems_eval`);
+        - `cache`: a MemoryCache holding the memory instead of `mems`, updated in place (used by `generate`).
         """
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
         if kwargs:
@@ -674,9 +701,14 @@ class XLNetModel(XLNetPreTrainedModel):
         batch, query_length = self._check_inputs(
             input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping, token_type_ids
         )
-        memory = self._memory_from_mems(mems, batch)
-        memory_length = 0 if memory[0] is None else memory[0].shape[1]
+        cache_given = cache is not None
+        cache = self._memory(cache, mems, batch)
+        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
+        remember = use_mems or cache_given
+        # The memory's keys / values and the position keys are fixed projections: reusable while weights are frozen.
+        reuse_projections = remember and not self.training
+        kept = self.config.reuse_len or query_length  # pretraining remembers only the first reuse_len positions
 
         embeddings = self.word_embedding(input_ids) if inputs_embeds is None else inputs_embeds
         device, dtype = embeddings.device, embeddings.dtype
@@ -696,29 +728,37 @@ class XLNetModel(XLNetPreTrainedModel):
             # positions count as segment 0, as in the original code.
             key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
             segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
-        position_embeddings = self.dropout(
-            self._relative_position_embeddings(query_length, key_length, device)
-        ).to(dtype)
+        position_embeddings = None
+        if not reuse_projections:
+            lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
+            position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
 
-        next_mems = () if use_mems else None
         hidden_states = [] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for layer, layer_memory in zip(self.layer, memory):
-            if use_mems:
-                next_mems += (self._next_mems(content, layer_memory),)
+        for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
-            content, query_stream, probs = layer(
+            position_keys = self._position_keys(
+                i, query_length, key_length, position_embeddings, cache if reuse_projections else None
+            )
+            next_content, query_stream, probs, (key, value) = layer(
                 content,
                 query_stream,
-                position_embeddings,
+                position_keys,
                 content_mask=content_mask,
                 query_mask=query_mask,
                 segment_mismatch=segment_mismatch,
-                memory=layer_memory,
+                memory=cache.memory(i),
+                memory_key_values=cache.key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
             )
+            if reuse_projections:  # keys / values stay aligned with the remembered positions
+                end = memory_length + kept
+                cache.store(i, content[:, :kept], key[:, :, :end], value[:, :, :end])
+            elif remember:
+                cache.store(i, content[:, :kept])
+            content = next_content
             if output_attentions:
                 attentions.append(probs)
         if output_hidden_states:
@@ -727,7 +767,8 @@ class XLNetModel(XLNetPreTrainedModel):
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(
             last_hidden_state=output,
-            mems=next_mems,
+            mems=cache.mems if use_mems else None,
+            cache=cache if cache_given else None,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
@@ -769,6 +810,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         inputs_embeds=None,
         labels=None,
         use_mems=None,
+        cache=None,
         output_attentions=None,
         output_hidden_states=None,
         logits_to_keep: int | torch.Tensor = 0,
@@ -785,6 +827,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             input_mask=input_mask,
             inputs_embeds=inputs_embeds,
             use_mems=use_mems,
+            cache=cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -802,24 +845,37 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             mems=outputs.mems,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            cache=outputs.cache,
         )
 
-    # ----- generation (legacy `mems`; a dedicated memory cache can replace these three methods) ---------------
+    # ----- generation -------------------------------------------------------------------------------------------
 
     # Tokens of the previous step recomputed at every step with memory (transformers' choice: slightly better than 1).
     generation_offset = 2
 
-    def prepare_inputs_for_generation(self, input_ids, cache=None, use_mems=None, is_first_iteration=False, **kwargs):
-        """Append a dummy token that no position sees (perm_mask) and that is the only target (target_mapping)."""
+    def prepare_inputs_for_generation(
+        self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
+    ):
+        """transformers' XLNet scheme: append a dummy token that no position sees (perm_mask) and that is the only
+        target (target_mapping). With memory (`use_mems`, the default in eval), the memory lives in a MemoryCache:
+        each step forgets the newest `generation_offset` positions (the last token and the dummy) and feeds the last
+        two tokens again plus the dummy, so the step's work is bounded by the memory, whose keys and values are
+        reused. A user's `mems` start the cache (expanded for beams / return sequences)."""
         for unused in ("next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids"):
             kwargs.pop(unused, None)
         if kwargs.pop("inputs_embeds", None) is not None:
             raise ValueError("XLNetLMHeadModel.generate: `inputs_embeds` is not supported; pass `input_ids`.")
-        mems = kwargs.pop("mems", None)
         batch = input_ids.shape[0]
-        if mems:
-            input_ids = input_ids[:, -self.generation_offset :]
-            mems = tuple(mem[: -self.generation_offset] for mem in mems)
+        if use_mems is None:
+            use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
+        if use_mems:
+            if cache is None and mems is not None:
+                cache = MemoryCache.from_mems(mems, self.config.mem_len or None, batch_size=batch)
+            if cache is None:
+                cache = MemoryCache(self.config.n_layer, self.config.mem_len or None)
+            elif cache.memory(0) is not None:
+                cache.crop(self.generation_offset)
+                input_ids = input_ids[:, -self.generation_offset :]
         dummy = torch.zeros((batch, 1), dtype=input_ids.dtype, device=input_ids.device)
         input_ids = torch.cat([input_ids, dummy], dim=1)
         length = input_ids.shape[1]
@@ -832,22 +888,11 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             "perm_mask": perm_mask,
             "target_mapping": target_mapping,
             "use_mems": use_mems,
+            "cache": cache if use_mems else None,
         }
-        if mems:
-            model_inputs["mems"] = mems
         for key, value in kwargs.items():
             model_inputs.setdefault(key, value)
         return model_inputs
-
-    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
-        if "mems" in outputs:
-            model_kwargs["mems"] = outputs.mems
-        return super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder, num_new_tokens)
-
-    @staticmethod
-    def _reorder_cache(mems, beam_idx):
-        """Beam search: keep the memory of the surviving beams (batch is dim 1 of the time-major mems)."""
-        return tuple(mem.index_select(1, beam_idx.to(mem.device)) for mem in mems)
 
 
 class XLNetForSequenceClassification(XLNetPreTrainedModel):
@@ -1225,7 +1270,7 @@ AUTO_CLASSES = {
 
 # The files a Hub folder needs to run these classes as remote code (they import only torch, transformers and each
 # other).
-REMOTE_CODE_FILES = ("configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py")
+REMOTE_CODE_FILES = ("configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py", "memory_cache.py")
 
 
 def use_for_auto_classes():
