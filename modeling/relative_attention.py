@@ -145,19 +145,6 @@ def causal_memory_mask(
     return mask
 
 
-def update_memory(memory: torch.Tensor | None, hidden: torch.Tensor, mem_len: int | None) -> torch.Tensor:
-    """The next segment's memory: the last `mem_len` positions of [memory; hidden], detached.
-
-    This is SG(h^{n-1}_{tau}) of Dai et al. eq. (1): no gradient flows into the memory. `mem_len=None` keeps
-    everything (XLNet's Hub configs say `mem_len: null`). Batch-first [B, L, d].
-    """
-    with torch.no_grad():
-        joined = hidden if memory is None or memory.shape[1] == 0 else torch.cat([memory, hidden], dim=1)
-        if mem_len is not None:
-            joined = joined[:, max(joined.shape[1] - mem_len, 0) :]
-        return joined.detach()
-
-
 def check_memory(mems, num_layers: int, batch_size: int, width: int, model_name: str):
     """Validate user-supplied legacy `mems` (one [mem_len, batch, width] tensor per layer) with a clear error."""
     if len(mems) != num_layers:
