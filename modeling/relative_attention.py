@@ -1,5 +1,5 @@
 """What Transformer-XL and XLNet share: sinusoidal relative encodings, the relative shift, relative attention with
-the learned u / v biases, attention masks, and the stop-gradient memory update.
+the learned u / v biases, and attention masks. (The memory itself lives in memory_cache.py.)
 
 Notation follows Dai et al. (2019), Sec. 3.3. For a query i and a key j the attention score is
 
