@@ -1,5 +1,8 @@
-"""New-token throughput of Transformer-XL generation: ours with the memory cache, ours recomputing the whole
-sequence every step, and the legacy transformers 4.37.2 implementation, on the same weights, in one run.
+"""New-token throughput of generation, ours against the references on the same weights, in one run.
+
+Transformer-XL: ours with the memory cache, ours recomputing the whole sequence every step, and the legacy
+transformers 4.37.2 implementation. XLNet: ours and transformers' XLNet (v5), both with `use_mems=True` (the
+dummy-token scheme; memory kept whole, as the Hub configs' `mem_len: null` says).
 
     python benchmarks/bench_generation.py [--legacy-python /path/to/venv/bin/python] [--prompts 64 256 1024]
 
@@ -28,6 +31,7 @@ CONFIG = dict(  # the measurement config of shared/reference/performance-notes.m
     div_val=1, n_layer=6, mem_len=1600, clamp_len=1000, same_length=False, dropout=0.0, dropatt=0.0,
     tie_projs=[False, False, False], eos_token_id=None,
 )  # fmt: skip
+XLNET_CONFIG = dict(vocab_size=32000, d_model=512, n_head=8, d_inner=2048, n_layer=6, dropout=0.0, mem_len=None)
 
 
 def time_new_tokens(generate, prompt, n1, n2, repeats):
@@ -59,6 +63,52 @@ def make_generate(model, use_cache, **extra):
     return run
 
 
+def print_table(title, results, baseline):
+    """Rows per prompt length: min / median ms per token for each implementation, then the speed-ups."""
+    print(f"\n{title}: ms per new token (min / median over rounds), B=1")
+    names = list(next(iter(results.values())))
+    others = [name for name in names if name != baseline]
+    header = " | ".join(f"{name:>18}" for name in names) + "".join(f" | {baseline} vs {o}" for o in others)
+    print(f"{'prompt':>7} | {header}")
+    for prompt_len, rows in results.items():
+        cells = " | ".join(f"{min(v) * 1e3:7.1f} / {statistics.median(v) * 1e3:7.1f}" for v in rows.values())
+        ours = statistics.median(rows[baseline])
+        ratios = "".join(
+            f" | {statistics.median(rows[o]) / ours:>{len(baseline) + len(o) + 3}.1f}x" for o in others
+        )
+        print(f"{prompt_len:>7} | {cells}{ratios}")
+    first, last = (statistics.median(rows[baseline]) for rows in (results[min(results)], results[max(results)]))
+    print(f"{baseline} per-token time, prompt {max(results)} vs {min(results)}: {last / first:.2f}x")
+
+
+def bench_xlnet(prompts, rounds):
+    """Ours vs transformers' XLNet (same weights, same process, alternating)."""
+    import transformers
+
+    from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+    from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**XLNET_CONFIG)).eval()
+    model = XLNetLMHeadModel(XLNetConfig(**XLNET_CONFIG)).eval()
+    model.load_state_dict(reference.state_dict())
+    runs = {name: make_generate(m, True, use_mems=True) for name, m in (("ours", model), ("transformers", reference))}
+    prompt = torch.randint(1, 32000, (1, 64), generator=torch.Generator().manual_seed(0))
+    same = torch.equal(runs["ours"](prompt, 8), runs["transformers"](prompt, 8))
+    print(f"XLNet greedy tokens identical to transformers: {same}")
+    results = {}
+    for prompt_len in prompts:
+        prompt = torch.randint(1, 32000, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+        rows = {name: [] for name in runs}
+        for run in runs.values():
+            run(prompt, 2)  # warm-up
+        for _ in range(rounds):
+            for name, run in runs.items():
+                rows[name] += time_new_tokens(run, prompt, 4, 20, 1)
+        results[prompt_len] = rows
+    print_table("XLNet (d_model 512, 6 layers, use_mems)", results, "ours")
+
+
 def legacy_worker(folder):
     """Runs under transformers 4.37.2: loads the folder, answers {"prompt_len", "n1", "n2", "repeats"} requests."""
     from transformers import TransfoXLLMHeadModel
@@ -81,14 +131,23 @@ def main():
     parser.add_argument("--legacy-python", help="python of a venv with transformers==4.37.2")
     parser.add_argument("--prompts", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=["transfo-xl", "xlnet"], choices=["transfo-xl", "xlnet"])
     parser.add_argument("--legacy-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.legacy_worker:
         return legacy_worker(args.legacy_worker)
 
+    torch.set_num_threads(2)
+    if "transfo-xl" in args.models:
+        bench_transfo_xl(args.prompts, args.rounds, args.legacy_python)
+    if "xlnet" in args.models:
+        bench_xlnet(args.prompts, args.rounds)
+
+
+def bench_transfo_xl(prompts, rounds, legacy_python):
+    """Ours with the cache, ours recomputing, and (with `legacy_python`) transformers 4.37.2 in a worker."""
     from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 
-    torch.set_num_threads(2)
     torch.manual_seed(0)
     model = TransfoXLLMHeadModel(TransfoXLConfig(**CONFIG)).eval()
     folder = Path(tempfile.mkdtemp(prefix="bench_txl_"))
@@ -96,9 +155,9 @@ def main():
     torch.save(model.state_dict(), folder / "pytorch_model.bin")  # every key, as legacy files hold them
 
     legacy = None
-    if args.legacy_python:
+    if legacy_python:
         legacy = subprocess.Popen(
-            [args.legacy_python, __file__, "--legacy-worker", str(folder)],
+            [legacy_python, __file__, "--legacy-worker", str(folder)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -116,32 +175,21 @@ def main():
         model.config.zero_initial_mems = True
         prompt = torch.randint(1, CONFIG["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))
         same = cached(prompt, 8)[0].tolist() == ask_legacy({"prompt_len": 64, "tokens": 8})["tokens"]
-        print(f"greedy tokens identical to legacy (zero_initial_mems=True): {same}")
+        print(f"Transformer-XL greedy tokens identical to legacy (zero_initial_mems=True): {same}")
         model.config.zero_initial_mems = False
 
     results = {}
-    for prompt_len in args.prompts:
+    for prompt_len in prompts:
         prompt = torch.randint(1, CONFIG["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(0))
         cached(prompt, 2), recompute(prompt, 2)  # warm-up
         rows = {"ours (cache)": [], "ours (recompute)": [], "legacy 4.37.2": []}
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             rows["ours (cache)"] += time_new_tokens(cached, prompt, 4, 20, 1)
             if legacy:
                 rows["legacy 4.37.2"] += ask_legacy({"prompt_len": prompt_len, "n1": 4, "n2": 20, "repeats": 1})["values"]
             rows["ours (recompute)"] += time_new_tokens(recompute, prompt, 2, 4, 1)
         results[prompt_len] = {name: values for name, values in rows.items() if values}
-
-    print(f"\nms per new token (min / median over {args.rounds} rounds), B=1, d_model 512, 6 layers, mem_len 1600")
-    names = list(results[args.prompts[0]])
-    print(f"{'prompt':>7} | " + " | ".join(f"{name:>18}" for name in names) + " | cache vs legacy | cache vs recompute")
-    for prompt_len, rows in results.items():
-        cells = [f"{min(v) * 1e3:7.1f} / {statistics.median(v) * 1e3:7.1f}" for v in rows.values()]
-        ours = statistics.median(rows["ours (cache)"])
-        vs_legacy = f"{statistics.median(rows['legacy 4.37.2']) / ours:14.1f}x" if "legacy 4.37.2" in rows else "-"
-        vs_recompute = statistics.median(rows["ours (recompute)"]) / ours
-        print(f"{prompt_len:>7} | " + " | ".join(f"{c:>18}" for c in cells) + f" | {vs_legacy:>15} | {vs_recompute:17.1f}x")
-    first, last = (statistics.median(results[p]["ours (cache)"]) for p in (args.prompts[0], args.prompts[-1]))
-    print(f"\nours (cache) per-token time, prompt {args.prompts[-1]} vs {args.prompts[0]}: {last / first:.2f}x")
+    print_table("Transformer-XL (d_model 512, 6 layers, mem_len 1600)", results, "ours (cache)")
     if legacy:
         legacy.stdin.close()
         legacy.wait()

@@ -252,28 +252,33 @@ class XLNetRelativeAttention(nn.Module):
             context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
             key, value = self.project_keys_values(context)
 
+        # Both streams share the projections: rows of h and g go through q (and later o) together, so a decoding
+        # step reads each weight once.
+        length = content.shape[1]
+        streams = content if query_stream is None else torch.cat([content, query_stream], dim=1)
+        queries = self._heads(streams, self.q)
+
         # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens only.
         attention, content_probs = self._attend(
-            self._heads(content, self.q), key, value, position_keys, content_mask, segment_mismatch, output_attentions
+            queries[:, :, :length], key, value, position_keys, content_mask, segment_mismatch, output_attentions
         )
-        content_out = self._post_attention(content, attention)
         if query_stream is None:
-            return content_out, None, content_probs, (key, value)
+            return self._post_attention(content, attention), None, content_probs, (key, value)
 
         # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
         # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
         # relative positions are those of the targets), and gathered back.
-        query = self._heads(query_stream, self.q)
+        query = queries[:, :, length:]
         if target_mapping is not None:
             query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
-        attention, query_probs = self._attend(
+        query_attention, query_probs = self._attend(
             query, key, value, position_keys, query_mask, segment_mismatch, output_attentions
         )
         if target_mapping is not None:
-            attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
-        query_out = self._post_attention(query_stream, attention)
+            query_attention = torch.matmul(target_mapping[:, None].to(query_attention.dtype), query_attention)
+        outputs = self._post_attention(streams, torch.cat([attention, query_attention], dim=2))
         probs = (content_probs, query_probs) if output_attentions else None
-        return content_out, query_out, probs, (key, value)
+        return outputs[:, :length], outputs[:, length:], probs, (key, value)
 
 
 class XLNetFeedForward(nn.Module):
@@ -333,10 +338,11 @@ class XLNetLayer(GradientCheckpointingLayer):
             target_mapping=target_mapping,
             output_attentions=output_attentions,
         )
-        content = self._feed_forward(content)
-        if query_stream is not None:
-            query_stream = self._feed_forward(query_stream)
-        return content, query_stream, probs, key_values
+        if query_stream is None:
+            return self._feed_forward(content), None, probs, key_values
+        length = content.shape[1]
+        outputs = self._feed_forward(torch.cat([content, query_stream], dim=1))  # shared weights: one pass
+        return outputs[:, :length], outputs[:, length:], probs, key_values
 
 
 # ---------------------------------------------------------------------------------------------------------------
