@@ -27,9 +27,8 @@ def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("xlnet")
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(path)
-    XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_head=4, d_inner=37, n_layer=2, pad_token_id=5).save_pretrained(
-        path
-    )
+    config = XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_head=4, d_inner=37, n_layer=2, pad_token_id=5)
+    config.save_pretrained(path)
     return path
 
 
