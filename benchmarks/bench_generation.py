@@ -11,8 +11,9 @@ a worker process started with `--legacy-python` (a throw-away venv: `pip install
 transformers==4.37.2`), kept warm and driven round by round, so ours and the reference alternate (A, B, A, B).
 Without `--legacy-python` only our two modes are measured.
 
-Per-token time excludes the prompt: it is (time(generate n2 tokens) - time(generate n1 tokens)) / (n2 - n1).
-Greedy decoding, fp32, 2 threads, eval mode. Reports min and median over rounds and the ratios.
+Per-token time excludes the prompt: a logits processor timestamps every decoding step, and a run's time per token
+is the median interval between consecutive steps after the first (the prompt's). Greedy decoding, fp32, 2 threads,
+eval mode. Reports min and median over rounds and the ratios.
 """
 
 import argparse
@@ -34,25 +35,34 @@ CONFIG = dict(  # the measurement config of shared/reference/performance-notes.m
 XLNET_CONFIG = dict(vocab_size=32000, d_model=512, n_head=8, d_inner=2048, n_layer=6, dropout=0.0, mem_len=None)
 
 
-def time_new_tokens(generate, prompt, n1, n2, repeats):
-    """Seconds per new token of `generate(prompt, n)`, the prompt's cost cancelled out; one value per repeat."""
-    values = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        generate(prompt, n1)
-        short = time.perf_counter() - start
-        start = time.perf_counter()
-        generate(prompt, n2)
-        values.append((time.perf_counter() - start - short) / (n2 - n1))
-    return values
+class StepClock:
+    """A logits processor that only records when each decoding step reaches it."""
+
+    def __init__(self):
+        self.times = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def seconds_per_token(generate, prompt, new_tokens):
+    """Median seconds between consecutive decoding steps, the prompt's step excluded."""
+    clock = StepClock()
+    generate(prompt, new_tokens, clock)
+    intervals = [b - a for a, b in zip(clock.times[:-1], clock.times[1:])]
+    return statistics.median(intervals)
 
 
 def make_generate(model, use_cache, **extra):
-    def run(prompt, new_tokens):
+    def run(prompt, new_tokens, clock=None):
+        from transformers import LogitsProcessorList
+
         with torch.inference_mode():
             return model.generate(
                 prompt,
                 **extra,
+                logits_processor=LogitsProcessorList([clock] if clock else []),
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,
                 do_sample=False,
@@ -104,13 +114,14 @@ def bench_xlnet(prompts, rounds):
             run(prompt, 2)  # warm-up
         for _ in range(rounds):
             for name, run in runs.items():
-                rows[name] += time_new_tokens(run, prompt, 4, 20, 1)
+                rows[name].append(seconds_per_token(run, prompt, 12))
         results[prompt_len] = rows
     print_table("XLNet (d_model 512, 6 layers, use_mems)", results, "ours")
 
 
 def legacy_worker(folder):
-    """Runs under transformers 4.37.2: loads the folder, answers {"prompt_len", "n1", "n2", "repeats"} requests."""
+    """Runs under transformers 4.37.2: loads the folder, answers {"prompt_len", "new_tokens"} timing requests and
+    {"prompt_len", "tokens"} parity requests."""
     from transformers import TransfoXLLMHeadModel
 
     torch.set_num_threads(2)
@@ -122,8 +133,7 @@ def legacy_worker(folder):
         if request.get("tokens"):
             print(json.dumps({"tokens": generate(prompt, request["tokens"])[0].tolist()}), flush=True)
             continue
-        values = time_new_tokens(generate, prompt, request["n1"], request["n2"], request["repeats"])
-        print(json.dumps({"values": values}), flush=True)
+        print(json.dumps({"value": seconds_per_token(generate, prompt, request["new_tokens"])}), flush=True)
 
 
 def main():
@@ -184,10 +194,10 @@ def bench_transfo_xl(prompts, rounds, legacy_python):
         cached(prompt, 2), recompute(prompt, 2)  # warm-up
         rows = {"ours (cache)": [], "ours (recompute)": [], "legacy 4.37.2": []}
         for _ in range(rounds):
-            rows["ours (cache)"] += time_new_tokens(cached, prompt, 4, 20, 1)
+            rows["ours (cache)"].append(seconds_per_token(cached, prompt, 12))
             if legacy:
-                rows["legacy 4.37.2"] += ask_legacy({"prompt_len": prompt_len, "n1": 4, "n2": 20, "repeats": 1})["values"]
-            rows["ours (recompute)"] += time_new_tokens(recompute, prompt, 2, 4, 1)
+                rows["legacy 4.37.2"].append(ask_legacy({"prompt_len": prompt_len, "new_tokens": 12})["value"])
+            rows["ours (recompute)"].append(seconds_per_token(recompute, prompt, 3))
         results[prompt_len] = {name: values for name, values in rows.items() if values}
     print_table("Transformer-XL (d_model 512, 6 layers, mem_len 1600)", results, "ours (cache)")
     if legacy:
