@@ -47,8 +47,8 @@ def converted(tokenizer, tmp_path_factory):
     return folder
 
 
-def first_mismatches(got, expected, limit=5):
-    return [(LINES[i], g, e) for i, (g, e) in enumerate(zip(got, expected)) if g != e][:limit]
+def first_mismatches(got, expected, inputs=LINES, limit=5):
+    return [(inputs[i], g, e) for i, (g, e) in enumerate(zip(got, expected)) if g != e][:limit]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -78,6 +78,17 @@ def test_words_match_legacy_on_every_corpus_line():
     every_word = TransfoXLTokenizer(vocab=["<unk>", "<eos>", *sorted(words - {"<unk>", "<eos>"})])
     tokens = [" ".join(every_word.tokenize(line)) for line in LINES]
     assert first_mismatches(tokens, EXPECTED["tokens"]) == []
+
+
+def test_stress_strings_match_legacy_words_and_decoding():
+    """Random strings dense in rule-triggering characters reach the corners of the regex translation."""
+    stress = EXPECTED["stress"]
+    words = {word for line in stress["tokens"] for word in line.split()}
+    every_word = TransfoXLTokenizer(vocab=["<unk>", "<eos>", *sorted(words - {"<unk>", "<eos>"})])
+    ids = every_word(stress["lines"])["input_ids"]
+    words = [" ".join(every_word.convert_ids_to_tokens(line_ids)) for line_ids in ids]
+    assert first_mismatches(words, stress["tokens"], stress["lines"]) == []
+    assert first_mismatches([every_word.decode(line_ids) for line_ids in ids], stress["decoded"], stress["lines"]) == []
 
 
 def test_examples_from_the_issue():

@@ -55,7 +55,8 @@ NOT_ALPHA_NOR_NUMBER = _char_class(
 NUMBER = _char_class(moses_charsets.NUMBER)
 NOT_NUMBER = _char_class(moses_charsets.NUMBER, negate=True)
 LOWER = _char_class(moses_charsets.LOWER)
-SPACE = _char_class(moses_charsets.PY_SPACE)
+WHITESPACE = _any_of(_characters(moses_charsets.PY_SPACE))  # Python's \s
+OTHER_WHITESPACE = _any_of(c for c in _characters(moses_charsets.PY_SPACE) if c != " ")
 DIGIT = _char_class(moses_charsets.PY_DIGIT)
 CJK = _char_class(moses_charsets.CJK)
 DETOKENIZER_ALPHA = _char_class(moses_charsets.ALPHA)  # the detokenizer's IsAlpha has no Indic marks
@@ -117,7 +118,7 @@ def punctuation_normalizer():
     """
     return [
         # the line's .strip() (trailing whitespace changes nothing below) and EXTRA_WHITESPACE's `\r` -> ""
-        _replace(rf"\A{SPACE}+|\r", ""),
+        _replace(rf"\A(?:{WHITESPACE})+|\r", ""),
         # NORMALIZE_UNICODE_IF_NOT_PENN
         _replace(r"`", "'"),
         _replace(r"''", ' " '),
@@ -171,11 +172,10 @@ def moses_tokenizer(protected_tokens):
     not_padded = _char_class(
         moses_charsets.ALNUM, moses_charsets.INDIC_MARKS, moses_charsets.PY_SPACE, extra=r".'`,\-"
     )
-    other_spaces = _any_of(c for c in _characters(moses_charsets.PY_SPACE) if c != " ")
     return [
         # DEDUPLICATE_SPACE, as "every other whitespace character -> ' '" and "squeeze ' '", the squeeze done with
         # ASCII_JUNK and the .strip() that follows the protection (which does not care about the ends)
-        _replace(other_spaces, " "),
+        _replace(OTHER_WHITESPACE, " "),
         _replace(r"\A[ \x00-\x1f]+|[ \x00-\x1f]+\z|[\x00-\x1f]| (?= )", ""),
         *_protect(words),
         # PAD_NOT_ISALNUM: a space after each padded character, and one before it (the scan from where the previous
