@@ -70,6 +70,9 @@ class XLNetConfig(PreTrainedConfig):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     tie_word_embeddings: bool = True
+    # The text-generation pipeline prepends a fixed "XL prefix" paragraph to XLNet prompts unless the config has a
+    # `prefix`: ours is empty by default, so that paragraph is opt-in (`pipeline(..., prefix=...)`).
+    prefix: str = ""
 
     def __post_init__(self, **kwargs):
         # The first Hub configs (2019) carried `max_position_embeddings: 512`, which never limited XLNet: drop it.
