@@ -149,6 +149,13 @@ def test_converted_folder_holds_json_only_and_gives_identical_ids(tokenizer, con
     assert json.loads((converted / "tokenizer_config.json").read_text())["tokenizer_class"] == "TransfoXLTokenizer"
 
 
+def test_save_vocabulary_writes_an_original_vocab_txt(tokenizer, tmp_path):
+    [path] = tokenizer.save_vocabulary(str(tmp_path))
+    assert path.endswith("vocab.txt")
+    assert read_legacy_vocab(path) == read_legacy_vocab(FIXTURES / "legacy" / "vocab.pkl")
+    assert TransfoXLTokenizer(vocab_file=path)(LINES[:50])["input_ids"] == tokenizer(LINES[:50])["input_ids"]
+
+
 def test_tokenizer_json_alone_reproduces_the_ids(tokenizer, converted):
     """The pipeline lives in tokenizer.json: the `tokenizers` library alone, without this package, gives the ids."""
     plain = Tokenizer.from_file(str(converted / "tokenizer.json"))

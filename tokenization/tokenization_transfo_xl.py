@@ -6,6 +6,7 @@ only a legacy `vocab.pkl` / `vocab.bin` / `vocab.txt` loads too: the vocabulary 
 (see `legacy_vocab`), and `save_pretrained` then writes `tokenizer.json` + `tokenizer_config.json`.
 """
 
+import os
 from os import PathLike
 
 from tokenizers import Tokenizer, processors
@@ -29,7 +30,8 @@ class TransfoXLTokenizer(TokenizersBackend):
     Args:
         vocab (`dict[str, int]` or `list[str]`, *optional*): the symbols and their ids (a list: ids in order).
             Otherwise the vocabulary comes from `tokenizer_file`, or else from the first legacy file given.
-        tokenizer_file (`str`, *optional*): a `tokenizer.json` written by this class; it holds the whole pipeline.
+        tokenizer_file (`str`, *optional*): a `tokenizer.json` written by this class. It holds the whole pipeline,
+            so with it `lower_case` and `never_split` only record what the file does.
         pretrained_vocab_file, pretrained_vocab_file_torch, vocab_file (`str`, *optional*): a legacy `vocab.pkl`,
             `vocab.bin` or original-code `vocab.txt`.
         lower_case (`bool`, defaults to `False`): lower-case the text first.
@@ -131,7 +133,7 @@ class TransfoXLTokenizer(TokenizersBackend):
     def lower_case(self) -> bool:
         return self.init_kwargs.get("lower_case", False)
 
-    do_lower_case = lower_case
+    do_lower_case = lower_case  # the legacy name
 
     @property
     def add_eos(self) -> bool:
@@ -151,15 +153,23 @@ class TransfoXLTokenizer(TokenizersBackend):
         self._add_double_eos = value
         self.update_post_processor()
 
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
+        """The symbols in id order, one per line: the original code's `vocab.txt`, never a pickle."""
+        path = os.path.join(save_directory, (filename_prefix + "-" if filename_prefix else "") + "vocab.txt")
+        vocab = self._tokenizer.get_vocab(with_added_tokens=False)
+        with open(path, "w", encoding="utf-8") as lines:
+            lines.writelines(f"{symbol}\n" for symbol in sorted(vocab, key=vocab.get))
+        return (path,)
+
     def update_post_processor(self):
         """`<S> text <S>` with `add_double_eos`, `text <eos>` with `add_eos`, else the text alone, as legacy."""
-        if getattr(self, "_add_double_eos", False):
+        if self._add_double_eos:
             marker_id = self._tokenizer.token_to_id("<S>")
             if marker_id is None:  # the legacy tokenizer encoded a missing `<S>` as unknown
                 marker_id = self._tokenizer.token_to_id(self._tokenizer.model.unk_token)
             marker = ("<S>", marker_id)
             single, pair = "<S> $A <S>", "<S> $A <S> <S>:1 $B:1 <S>:1"
-        elif getattr(self, "_add_eos", False):
+        elif self._add_eos:
             marker = (str(self.eos_token), self.eos_token_id)
             single, pair = f"$A {marker[0]}", f"$A {marker[0]} $B:1 {marker[0]}:1"
         else:
