@@ -92,12 +92,12 @@ def main():
         for name, rounds in results.items()
     }
     print(f"{len(lines)} corpus lines, {args.rounds} interleaved rounds, median lines/s")
-    print(f"{'':16s} {'tokenizer(lines)':>18s} {'encode(line)':>14s}")
+    print(f"{'':24s} {'tokenizer(lines)':>18s} {'encode(line)':>14s}")
     for name, kinds in medians.items():
-        print(f"{name:16s} {kinds['batch']:18.0f} {kinds['per_line']:14.0f}")
+        print(f"{name:24s} {kinds['batch']:18.0f} {kinds['per_line']:14.0f}")
     for name in ("ours", "ours, 1 thread"):
         ratios = [medians[name][kind] / medians["legacy"][kind] for kind in ("batch", "per_line")]
-        print(f"{name + ' / legacy':16s} {ratios[0]:17.1f}x {ratios[1]:13.1f}x")
+        print(f"{name + ' / legacy':24s} {ratios[0]:17.1f}x {ratios[1]:13.1f}x")
 
 
 if __name__ == "__main__":
