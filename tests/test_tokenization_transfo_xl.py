@@ -313,10 +313,14 @@ def test_pickle_naming_an_unknown_module_is_refused_without_importing_it(tmp_pat
     assert not marker.exists() and "vocab_helpers" not in sys.modules
 
 
-def test_a_pickle_of_something_else_is_refused(tmp_path):
+def test_files_that_are_no_vocabulary_are_refused(tmp_path):
     (tmp_path / "vocab.pkl").write_bytes(pickle.dumps(["just", "a", "list"]))
     with pytest.raises(ValueError, match="not a Transformer-XL vocabulary"):
         read_pickled_vocab(tmp_path / "vocab.pkl")
+    with zipfile.ZipFile(tmp_path / "vocab.bin", "w") as archive:
+        archive.writestr("archive/readme.txt", "no pickle here")
+    with pytest.raises(ValueError, match="no single data.pkl"):
+        read_pickled_vocab(tmp_path / "vocab.bin")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -74,8 +74,10 @@ def read_pickled_vocab(path) -> dict:
     path = Path(path)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
-            [data] = [name for name in archive.namelist() if name.endswith("/data.pkl") or name == "data.pkl"]
-            content = _load(io.BytesIO(archive.read(data)))
+            data = [name for name in archive.namelist() if name.endswith("/data.pkl") or name == "data.pkl"]
+            if len(data) != 1:
+                raise ValueError(f"{path} is a zip archive but not a `torch.save` file: no single data.pkl in it.")
+            content = _load(io.BytesIO(archive.read(data[0])))
     else:
         with open(path, "rb") as stream:
             content = _load(stream)
