@@ -140,6 +140,9 @@ class MemoryCache(Cache):
         older token has been evicted by `mem_len` (`is_croppable`); otherwise the memory is just shorter."""
         if tokens_to_remove <= 0:
             return
+        held = 0 if self.layers[0].hidden is None else self.layers[0].hidden.shape[1]
+        if tokens_to_remove > held:
+            raise ValueError(f"MemoryCache.crop: cannot remove {tokens_to_remove} positions; the memory holds {held}.")
         for layer in self.layers:
             for name, tensor in layer.tensors().items():
                 axis = 1 if name == "hidden" else 2

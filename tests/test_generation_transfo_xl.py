@@ -164,3 +164,23 @@ def test_eos_ends_sequences_and_pads_them():
     eos = int(free[0, 6])  # make the first generated token of row 0 the end of sequence
     out = generate(model, ids, max_new_tokens=10, generation_config=GenerationConfig(eos_token_id=eos, pad_token_id=PAD))
     assert out[0, 6] == eos and (out[0, 7:] == PAD).all()
+
+
+def test_crop_rolls_back_exactly_until_tokens_are_evicted():
+    model = scrambled_lm(mem_len=8)
+    ids = prompt(length=6)
+    cache = MemoryCache(model.config.n_layer, model.config.mem_len)
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache)
+        before = [layer.hidden.clone() for layer in cache.layers]
+        model(ids[:, 4:], cache=cache)
+        assert cache.is_croppable and cache.get_seq_length() == 6
+        cache.crop(2)
+        assert cache.get_seq_length() == 4
+        for layer, hidden in zip(cache.layers, before):
+            torch.testing.assert_close(layer.hidden, hidden)
+            assert layer.keys.shape[2] == 4
+        model(prompt(length=7, seed=5), cache=cache)
+    assert not cache.is_croppable  # 11 tokens seen, 8 kept
+    with pytest.raises(ValueError, match="cannot remove 9 positions; the memory holds 8"):
+        cache.crop(9)
