@@ -440,8 +440,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         key_length = memory_length + query_length
         mask = self._attention_mask(query_length, memory_length, attention_mask, device)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
-        # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen.
-        reuse_projections = not self.training and config.attn_type in (0, 1)
+        # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen (no
+        # dropout, no gradient: with gradients, W_k and W_v must see the memory again).
+        reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
         position_embedding = None
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
             position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)

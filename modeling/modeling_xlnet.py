@@ -710,8 +710,9 @@ class XLNetModel(XLNetPreTrainedModel):
         memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
         remember = use_mems or cache_given
-        # The memory's keys / values and the position keys are fixed projections: reusable while weights are frozen.
-        reuse_projections = remember and not self.training
+        # The memory's keys / values and the position keys are fixed projections: reusable while the weights are
+        # frozen (no dropout, no gradient: with gradients, the projections must see the memory again).
+        reuse_projections = remember and not self.training and not torch.is_grad_enabled()
         kept = self.config.reuse_len or query_length  # pretraining remembers only the first reuse_len positions
 
         embeddings = self.word_embedding(input_ids) if inputs_embeds is None else inputs_embeds
