@@ -14,6 +14,21 @@ import torch
 from transformers.cache_utils import Cache
 
 
+def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str):
+    """Validate legacy `mems` (one time-major [mem_len, batch, width] tensor per layer, one mem_len for all)."""
+    if len(mems) != num_layers:
+        raise ValueError(f"{model}: `mems` has {len(mems)} entries; expected one per layer ({num_layers}).")
+    for i, mem in enumerate(mems):
+        if mem.dim() != 3 or mem.shape[1] != batch_size or mem.shape[2] != width:
+            raise ValueError(
+                f"{model}: `mems[{i}]` has shape {tuple(mem.shape)}; expected [mem_len, batch_size={batch_size}, "
+                f"d_model={width}] (time-major, as returned in `outputs.mems`)."
+            )
+    lengths = sorted({mem.shape[0] for mem in mems})
+    if len(lengths) != 1:
+        raise ValueError(f"{model}: `mems` entries have lengths {lengths}; expected the same mem_len for every layer.")
+
+
 class MemoryLayer:
     """One layer's memory: hidden states and, when known, their keys, values and the position keys."""
 
@@ -54,13 +69,28 @@ class MemoryCache(Cache):
         """Wrap a legacy tuple of time-major mems; repeat its rows when `batch_size` is a multiple (beams)."""
         cache = cls(len(mems), mem_len)
         for layer, mem in zip(cache.layers, mems):
-            layer.hidden = mem.transpose(0, 1)
+            layer.hidden = mem.transpose(0, 1) if mem.shape[0] else None
         if batch_size is not None and batch_size != cache.batch_size:
             if batch_size % cache.batch_size:
                 raise ValueError(
                     f"`mems` hold {cache.batch_size} sequences, which cannot be expanded to a batch of {batch_size}."
                 )
             cache.batch_repeat_interleave(batch_size // cache.batch_size)
+        return cache
+
+    @classmethod
+    def for_forward(cls, cache, mems, num_layers: int, mem_len: int | None, batch_size: int, width: int, model: str):
+        """The memory a forward pass attends to and updates: `cache` itself, the legacy `mems` wrapped, or a new
+        empty cache. Whatever is given must fit the model and the batch (a clear ValueError otherwise)."""
+        if cache is not None and mems is not None:
+            raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
+        if mems is not None:
+            check_mems(mems, num_layers, batch_size, width, model)
+            return cls.from_mems(mems, mem_len)
+        if cache is None:
+            return cls(num_layers, mem_len)
+        if cache.memory(0) is not None:
+            check_mems(cache.mems, num_layers, batch_size, width, model)
         return cache
 
     @property

@@ -24,7 +24,6 @@ from .configuration_transfo_xl import TransfoXLConfig
 from .memory_cache import MemoryCache
 from .relative_attention import (
     causal_memory_mask,
-    check_memory,
     relative_attention,
     relative_position_scores,
     relative_shift,
@@ -355,22 +354,16 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             )
 
     def _memory(self, cache, mems, batch_size, dtype, device) -> MemoryCache:
-        """The memory to attend to, as a MemoryCache: the given cache, the legacy `mems`, legacy zero vectors
-        (`zero_initial_mems`), or an empty one."""
+        """The memory to attend to (see MemoryCache.for_forward); an empty one starts as `mem_len` zero vectors
+        when `zero_initial_mems` asks for the legacy behaviour."""
         config = self.config
-        if cache is not None and mems is not None:
-            raise ValueError("TransfoXLModel: pass the memory either as `cache` or as `mems`, not both.")
-        if mems is not None:
-            check_memory(mems, config.n_layer, batch_size, config.d_model, "TransfoXLModel")
-            return MemoryCache.from_mems(mems, config.mem_len)
-        if cache is None:
-            cache = MemoryCache(config.n_layer, config.mem_len)
+        cache = MemoryCache.for_forward(
+            cache, mems, config.n_layer, config.mem_len, batch_size, config.d_model, "TransfoXLModel"
+        )
         if cache.memory(0) is None and config.zero_initial_mems and config.mem_len > 0:
             zeros = torch.zeros(batch_size, config.mem_len, config.d_model, dtype=dtype, device=device)
             for layer in cache.layers:
                 layer.hidden = zeros
-        elif cache.memory(0) is not None:
-            check_memory(cache.mems, config.n_layer, batch_size, config.d_model, "TransfoXLModel")
         return cache
 
     def _attention_mask(self, query_length, memory_length, attention_mask, device):

@@ -39,7 +39,6 @@ from .configuration_xlnet import XLNetConfig
 from .memory_cache import MemoryCache
 from .relative_attention import (
     causal_memory_mask,
-    check_memory,
     relative_attention,
     relative_position_scores,
     sinusoid_encoding,
@@ -578,26 +577,6 @@ class XLNetModel(XLNetPreTrainedModel):
 
     # ----- memory: the one place that reads and writes `mems` -------------------------------------------------
 
-    def _memory(self, cache, mems, batch: int) -> MemoryCache:
-        """The memory as a MemoryCache: the given cache (updated in place), the legacy `mems`, or an empty one.
-        `mem_len` None or 0 keeps every past position."""
-        if cache is not None and mems is not None:
-            raise ValueError(f"{type(self).__name__}: pass the memory either as `cache` or as `mems`, not both.")
-        if mems is not None:
-            check_memory(mems, self.config.n_layer, batch, self.config.d_model, type(self).__name__)
-            lengths = {mem.shape[0] for mem in mems}
-            if len(lengths) != 1:
-                raise ValueError(
-                    f"{type(self).__name__}: `mems` entries have lengths {sorted(lengths)}; expected the same mem_len "
-                    "for every layer."
-                )
-            return MemoryCache.from_mems(mems, self.config.mem_len or None)
-        if cache is None:
-            return MemoryCache(self.config.n_layer, self.config.mem_len or None)
-        if cache.memory(0) is not None:
-            check_memory(cache.mems, self.config.n_layer, batch, self.config.d_model, type(self).__name__)
-        return cache
-
     def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
         """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table."""
         attention = self.layer[layer_idx].rel_attn
@@ -706,7 +685,11 @@ class XLNetModel(XLNetPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping, token_type_ids
         )
         cache_given = cache is not None
-        cache = self._memory(cache, mems, batch)
+        # `mem_len` None or 0 keeps every past position.
+        cache = MemoryCache.for_forward(
+            cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
+            type(self).__name__,
+        )
         memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
         remember = use_mems or cache_given

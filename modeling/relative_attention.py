@@ -143,15 +143,3 @@ def causal_memory_mask(
         span = query_length if same_length_span is None else same_length_span
         mask = mask | torch.tril(ones, diagonal=-span)
     return mask
-
-
-def check_memory(mems, num_layers: int, batch_size: int, width: int, model_name: str):
-    """Validate user-supplied legacy `mems` (one [mem_len, batch, width] tensor per layer) with a clear error."""
-    if len(mems) != num_layers:
-        raise ValueError(f"{model_name}: `mems` has {len(mems)} entries; expected one per layer ({num_layers}).")
-    for i, mem in enumerate(mems):
-        if mem.dim() != 3 or mem.shape[1] != batch_size or mem.shape[2] != width:
-            raise ValueError(
-                f"{model_name}: `mems[{i}]` has shape {tuple(mem.shape)}; expected [mem_len, batch_size={batch_size}, "
-                f"d_model={width}] (time-major, as returned in `outputs.mems`)."
-            )
