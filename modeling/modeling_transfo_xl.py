@@ -530,6 +530,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             self.out_bias = nn.Parameter(torch.empty(config.vocab_size))
             self.sampler = LogUniformSampler(config.vocab_size, config.sample_softmax)
         self._tied_weights_keys = _tied_weights(config, self.crit)
+        # Labels are shifted inside, like every causal LM: Trainer then counts `num_items_in_batch` over labels[:, 1:].
+        self.loss_type = "ForCausalLM"
         self.post_init()
 
     def forward(
