@@ -235,11 +235,13 @@ class XLNetRelativeAttention(nn.Module):
         memory_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
+        update_content: bool = True,
     ):
-        """-> (content out, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
+        """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
 
         `memory_key_values`, when the memory's keys and values are already known (a generation cache), are reused:
-        they are a fixed projection of the memory.
+        they are a fixed projection of the memory. `update_content=False` (with a query stream) skips the content
+        stream's own update, for a last layer whose content output nothing reads.
         """
         if memory_key_values is not None:
             key, value = self.project_keys_values(content)
@@ -249,33 +251,43 @@ class XLNetRelativeAttention(nn.Module):
             context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
             key, value = self.project_keys_values(context)
 
-        # Both streams share the projections: rows of h and g go through q (and later o) together, so a decoding
-        # step reads each weight once.
-        length = content.shape[1]
-        streams = content if query_stream is None else torch.cat([content, query_stream], dim=1)
-        queries = self._heads(streams, self.q)
+        # Both streams share the projections: the rows of h and g go through q and o together, so a decoding step
+        # reads each weight once.
+        update_content = update_content or query_stream is None
+        streams = [stream for stream in (content if update_content else None, query_stream) if stream is not None]
+        rows = torch.cat(streams, dim=1) if len(streams) > 1 else streams[0]
+        queries = self._heads(rows, self.q)
+        attentions, content_probs, query_probs = [], None, None
+        length = content.shape[1] if update_content else 0
 
-        # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens only.
-        attention, content_probs = self._attend(
-            queries[:, :, :length], key, value, position_keys, content_mask, segment_mismatch, output_attentions
-        )
-        if query_stream is None:
-            return self._post_attention(content, attention), None, content_probs, (key, value)
+        if update_content:
+            # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens only.
+            attention, content_probs = self._attend(
+                queries[:, :, :length], key, value, position_keys, content_mask, segment_mismatch, output_attentions
+            )
+            attentions.append(attention)
+        if query_stream is not None:
+            # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
+            # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
+            # relative positions are those of the targets), and gathered back.
+            query = queries[:, :, length:]
+            if target_mapping is not None:
+                query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
+            attention, query_probs = self._attend(
+                query, key, value, position_keys, query_mask, segment_mismatch, output_attentions
+            )
+            if target_mapping is not None:
+                attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
+            attentions.append(attention)
 
-        # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
-        # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
-        # relative positions are those of the targets), and gathered back.
-        query = queries[:, :, length:]
-        if target_mapping is not None:
-            query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
-        query_attention, query_probs = self._attend(
-            query, key, value, position_keys, query_mask, segment_mismatch, output_attentions
-        )
-        if target_mapping is not None:
-            query_attention = torch.matmul(target_mapping[:, None].to(query_attention.dtype), query_attention)
-        outputs = self._post_attention(streams, torch.cat([attention, query_attention], dim=2))
-        probs = (content_probs, query_probs) if output_attentions else None
-        return outputs[:, :length], outputs[:, length:], probs, (key, value)
+        outputs = self._post_attention(rows, torch.cat(attentions, dim=2) if len(attentions) > 1 else attentions[0])
+        content_out = outputs[:, :length] if update_content else None
+        query_out = outputs[:, length:] if query_stream is not None else None
+        if not output_attentions:
+            probs = None
+        else:
+            probs = content_probs if query_stream is None else (content_probs, query_probs)
+        return content_out, query_out, probs, (key, value)
 
 
 class XLNetFeedForward(nn.Module):
@@ -322,6 +334,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         memory_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
+        update_content: bool = True,
     ):
         content, query_stream, probs, key_values = self.rel_attn(
             content,
@@ -334,9 +347,11 @@ class XLNetLayer(GradientCheckpointingLayer):
             memory_key_values=memory_key_values,
             target_mapping=target_mapping,
             output_attentions=output_attentions,
+            update_content=update_content,
         )
-        if query_stream is None:
-            return self._feed_forward(content), None, probs, key_values
+        if content is None or query_stream is None:  # a single stream to update
+            content, query_stream = (None if x is None else self._feed_forward(x) for x in (content, query_stream))
+            return content, query_stream, probs, key_values
         length = content.shape[1]
         outputs = self._feed_forward(torch.cat([content, query_stream], dim=1))  # shared weights: one pass
         return outputs[:, :length], outputs[:, length:], probs, key_values
@@ -723,6 +738,7 @@ class XLNetModel(XLNetPreTrainedModel):
 
         hidden_states = [] if output_hidden_states else None
         attentions = [] if output_attentions else None
+        last_layer = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
@@ -740,6 +756,9 @@ class XLNetModel(XLNetPreTrainedModel):
                 memory_key_values=cache.key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
+                # With a query stream only g is returned and the memory keeps layer inputs: the last layer's
+                # content update is read by nothing unless the hidden states or attentions are asked for.
+                update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
             )
             if reuse_projections:  # keys / values stay aligned with the remembered positions
                 end = memory_length + kept
