@@ -177,7 +177,7 @@ class MemoryCache(Cache):
             for name, tensor in layer.tensors().items():
                 axis = 1 if name == "hidden" else 2
                 setattr(layer, name, tensor.narrow(axis, 0, tensor.shape[axis] - tokens_to_remove))
-        self.seen_tokens -= tokens_to_remove
+        self.seen_tokens = max(self.seen_tokens - tokens_to_remove, 0)  # a given memory may predate the inputs
 
     def reset(self):
         self.layers = [MemoryLayer() for _ in self.layers]

@@ -185,17 +185,18 @@ class XLNetRelativeAttention(nn.Module):
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
-    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions):
+    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None):
         batch, _, query_length, head_dim = query.shape
         key_length = key.shape[2]
         # The position and segment terms are computed pre-scaled by 1/sqrt(d) (scaled position keys and segment
         # embeddings), so that without a mask the shifted view goes to the fused kernel without a copy.
         scale = head_dim**-0.5
         # (b) + (d). Query row i sits at distance (k - q + i) - j from key j; the encodings list the distances
-        # k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift).
+        # k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query
+        # just after the keys (distance k - j) reads the same encodings with offset 0.
         grouped = query.unflatten(0, (2, batch // 2)) if self.bi_data else query
         scores = relative_position_scores(
-            grouped, position_keys * scale, self.r_r_bias, key_length, offset=query_length
+            grouped, position_keys * scale, self.r_r_bias, key_length, offset=query_length if offset is None else offset
         )
         if self.bi_data:
             scores = scores.flatten(0, 1)
@@ -236,12 +237,14 @@ class XLNetRelativeAttention(nn.Module):
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
         update_content: bool = True,
+        query_after_content: bool = False,
     ):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
 
         `memory_key_values`, when the memory's keys and values are already known (a generation cache), are reused:
         they are a fixed projection of the memory. `update_content=False` (with a query stream) skips the content
-        stream's own update, for a last layer whose content output nothing reads.
+        stream's own update, for a last layer whose content output nothing reads. `query_after_content`: the query
+        stream is one row at the position right after the segment (next-token prediction).
         """
         if memory_key_values is not None:
             key, value = self.project_keys_values(content)
@@ -274,7 +277,8 @@ class XLNetRelativeAttention(nn.Module):
             if target_mapping is not None:
                 query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
             attention, query_probs = self._attend(
-                query, key, value, position_keys, query_mask, segment_mismatch, output_attentions
+                query, key, value, position_keys, query_mask, segment_mismatch, output_attentions,
+                offset=0 if query_after_content else None,
             )
             if target_mapping is not None:
                 attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
@@ -335,6 +339,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
         update_content: bool = True,
+        query_after_content: bool = False,
     ):
         content, query_stream, probs, key_values = self.rel_attn(
             content,
@@ -348,6 +353,7 @@ class XLNetLayer(GradientCheckpointingLayer):
             target_mapping=target_mapping,
             output_attentions=output_attentions,
             update_content=update_content,
+            query_after_content=query_after_content,
         )
         if content is None or query_stream is None:  # a single stream to update
             content, query_stream = (None if x is None else self._feed_forward(x) for x in (content, query_stream))
@@ -673,6 +679,7 @@ class XLNetModel(XLNetPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_mems: bool | None = None,
         cache: MemoryCache | None = None,
+        predict_next_token: bool = False,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs,
@@ -685,11 +692,19 @@ class XLNetModel(XLNetPreTrainedModel):
           predict (one-hot rows), which turns on the query stream;
         - `token_type_ids` [B, L]: segment ids (0 ... 4), only "same segment or not" matters;
         - `use_mems`: return the next `mems` (default: `config.use_mems_train` / `use_mems_eval`);
-        - `cache`: a MemoryCache holding the memory instead of `mems`, updated in place (used by `generate`).
+        - `cache`: a MemoryCache holding the memory instead of `mems`, updated in place (used by `generate`);
+        - `predict_next_token`: run the query stream for one position right after the input, which sees every
+          token (the output is its state, [B, 1, d]): what transformers' generation gets from an appended dummy token
+          hidden by `perm_mask` and selected by `target_mapping`, without computing the dummy's content stream.
         """
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
+        if predict_next_token and (perm_mask is not None or target_mapping is not None or token_type_ids is not None):
+            raise ValueError(
+                f"{type(self).__name__}: `predict_next_token` places its own query after the input; expected no "
+                "`perm_mask`, `target_mapping` or `token_type_ids` with it."
+            )
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
@@ -717,14 +732,19 @@ class XLNetModel(XLNetPreTrainedModel):
         device, dtype = embeddings.device, embeddings.dtype
         content = self.dropout(embeddings)
         query_stream = None
-        if target_mapping is not None:
+        if target_mapping is not None or predict_next_token:
             # g^(0) = w, the trainable mask embedding, at every predicted position.
-            query_stream = self.dropout(self.mask_emb.to(dtype).expand(batch, target_mapping.shape[1], -1))
+            predictions = 1 if predict_next_token else target_mapping.shape[1]
+            query_stream = self.dropout(self.mask_emb.to(dtype).expand(batch, predictions, -1))
+        if target_mapping is not None:
             target_mapping = target_mapping.to(dtype)
 
         query_mask, content_mask = self._attention_masks(
             query_length, memory_length, attention_mask, input_mask, perm_mask, device
         )
+        if predict_next_token:  # the next position sees every key but padding
+            padding = input_mask if input_mask is not None else None if attention_mask is None else 1 - attention_mask
+            query_mask = None if padding is None else F.pad(padding.bool(), (memory_length, 0))[:, None, None, :]
         segment_mismatch = None
         if token_type_ids is not None:
             # Relative segment encoding (Yang et al. Sec. 2.5): only whether i and j share a segment; memory
@@ -759,6 +779,7 @@ class XLNetModel(XLNetPreTrainedModel):
                 # With a query stream only g is returned and the memory keeps layer inputs: the last layer's
                 # content update is read by nothing unless the hidden states or attentions are asked for.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
+                query_after_content=predict_next_token,
             )
             if reuse_projections:  # keys / values stay aligned with the remembered positions
                 end = memory_length + kept
@@ -863,37 +884,34 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
-        """transformers' XLNet scheme: append a dummy token that no position sees (perm_mask) and that is the only
-        target (target_mapping). With memory (`use_mems`, the default in eval), the memory lives in a MemoryCache:
-        each step forgets the newest `generation_offset` positions (the last token and the dummy) and feeds the last
-        two tokens again plus the dummy, so the step's work is bounded by the memory, whose keys and values are
-        reused. A user's `mems` start the cache (expanded for beams / return sequences)."""
+        """transformers' XLNet scheme, computed without its dummy token. transformers appends a dummy token that no
+        position sees (perm_mask) and that is the only target (target_mapping); ours runs the same query stream
+        right after the input (`predict_next_token`), so the dummy's content stream, which nothing reads, is never
+        computed. With memory (`use_mems`, the default in eval) each step feeds the last two tokens again against a
+        MemoryCache whose keys and values are reused. The cache keeps one position fewer than `mem_len`, the slot
+        the dummy took in transformers' memory, so both attend to exactly the same memory. A user's `mems` start
+        the cache (expanded for beams / return sequences) and lose their newest two positions, as in transformers.
+        """
         for unused in ("next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids"):
             kwargs.pop(unused, None)
         if kwargs.pop("inputs_embeds", None) is not None:
             raise ValueError("XLNetLMHeadModel.generate: `inputs_embeds` is not supported; pass `input_ids`.")
-        batch = input_ids.shape[0]
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
         if use_mems:
-            if cache is None and mems is not None:
-                cache = MemoryCache.from_mems(mems, self.config.mem_len or None, batch_size=batch)
-            if cache is None:
-                cache = MemoryCache(self.config.n_layer, self.config.mem_len or None)
-            elif cache.memory(0) is not None:
+            mem_len = self.config.mem_len - 1 if self.config.mem_len else None  # the dummy's slot
+            if cache is None and mems is not None:  # transformers reads user mems as ending with its dummy token
+                cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
                 cache.crop(self.generation_offset)
                 input_ids = input_ids[:, -self.generation_offset :]
-        dummy = torch.zeros((batch, 1), dtype=input_ids.dtype, device=input_ids.device)
-        input_ids = torch.cat([input_ids, dummy], dim=1)
-        length = input_ids.shape[1]
-        perm_mask = torch.zeros((batch, length, length), dtype=torch.float, device=input_ids.device)
-        perm_mask[:, :, -1] = 1.0
-        target_mapping = torch.zeros((batch, 1, length), dtype=torch.float, device=input_ids.device)
-        target_mapping[:, 0, -1] = 1.0
+            elif cache is None:
+                cache = MemoryCache(self.config.n_layer, mem_len)
+            elif cache.memory(0) is not None:  # forget the last token, recomputed now together with the new one
+                cache.crop(self.generation_offset - 1)
+                input_ids = input_ids[:, -self.generation_offset :]
         model_inputs = {
             "input_ids": input_ids,
-            "perm_mask": perm_mask,
-            "target_mapping": target_mapping,
+            "predict_next_token": True,
             "use_mems": use_mems,
             "cache": cache if use_mems else None,
         }
