@@ -806,8 +806,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     """XLNet with the language-modeling head (tied to the input embeddings, own bias).
 
     Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
-    position m without it). Generation uses transformers' scheme: a dummy token that nobody sees is appended and is
-    the only prediction target; with memory, the last two known tokens are recomputed each step.
+    position m without it). Generation gives transformers' tokens: the next token comes from the query stream of the
+    position after the input (`predict_next_token`); with memory, the last two known tokens are recomputed each step.
     """
 
     _tied_weights_keys = {"lm_loss.weight": "transformer.word_embedding.weight"}
