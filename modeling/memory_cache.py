@@ -47,9 +47,16 @@ class MemoryLayer:
             setattr(self, name, fn(tensor))
 
     def keep_last(self, length: int):
+        """Keep the newest `length` positions."""
         for name, tensor in self.tensors().items():
             axis = 1 if name == "hidden" else 2
             setattr(self, name, tensor.narrow(axis, max(tensor.shape[axis] - length, 0), min(length, tensor.shape[axis])))
+
+    def drop_newest(self, count: int):
+        """Forget the newest `count` positions."""
+        for name, tensor in self.tensors().items():
+            axis = 1 if name == "hidden" else 2
+            setattr(self, name, tensor.narrow(axis, 0, tensor.shape[axis] - count))
 
 
 class MemoryCache(Cache):
@@ -70,7 +77,7 @@ class MemoryCache(Cache):
         cache = cls(len(mems), mem_len)
         for layer, mem in zip(cache.layers, mems):
             layer.hidden = mem.transpose(0, 1) if mem.shape[0] else None
-        if batch_size is not None and batch_size != cache.batch_size:
+        if batch_size is not None and cache.batch_size > 0 and batch_size != cache.batch_size:
             if batch_size % cache.batch_size:
                 raise ValueError(
                     f"`mems` hold {cache.batch_size} sequences, which cannot be expanded to a batch of {batch_size}."
@@ -174,9 +181,7 @@ class MemoryCache(Cache):
         if tokens_to_remove > held:
             raise ValueError(f"MemoryCache.crop: cannot remove {tokens_to_remove} positions; the memory holds {held}.")
         for layer in self.layers:
-            for name, tensor in layer.tensors().items():
-                axis = 1 if name == "hidden" else 2
-                setattr(layer, name, tensor.narrow(axis, 0, tensor.shape[axis] - tokens_to_remove))
+            layer.drop_newest(tokens_to_remove)
         self.seen_tokens = max(self.seen_tokens - tokens_to_remove, 0)  # a given memory may predate the inputs
 
     def reset(self):
