@@ -361,22 +361,9 @@ def test_a_fresh_model_learns_with_memory():
     assert losses[-1] < 0.5 * losses[0]
 
 
-class _Rows(torch.utils.data.Dataset):
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        return self.rows[index]
-
-
-def test_trainer_gradient_accumulation_equals_full_batch(tmp_path):
+def test_trainer_gradient_accumulation_equals_full_batch(trainer_step_update):
     """One SGD step with 2 accumulated half batches == one step on the full batch, with halves holding different
     numbers of labelled tokens (Trainer passes num_items_in_batch, counted over the shifted labels)."""
-    from transformers import Trainer, TrainingArguments
-
     generator = torch.Generator().manual_seed(7)
     rows = []
     for ignored in (0, 1, 3, 4):
@@ -385,16 +372,7 @@ def test_trainer_gradient_accumulation_equals_full_batch(tmp_path):
         rows.append({"input_ids": torch.randint(0, 90, (6,), generator=generator), "labels": labels})
 
     def one_step(batch_size, accumulation):
-        model = tiny_lm(seed=0).train()
-        before = {name: p.detach().clone() for name, p in model.named_parameters()}
-        args = TrainingArguments(
-            output_dir=str(tmp_path / f"run{accumulation}"), per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1.0, optim="sgd",
-            lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1e9, report_to=[], use_cpu=True,
-            save_strategy="no", logging_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        )  # fmt: skip
-        Trainer(model=model, args=args, train_dataset=_Rows(rows)).train()
-        return {name: before[name] - p.detach() for name, p in model.named_parameters()}
+        return trainer_step_update(lambda: tiny_lm(seed=0).train(), rows, batch_size, accumulation)
 
     full, accumulated = one_step(4, 1), one_step(2, 2)
     model = tiny_lm(seed=0).train()  # the plain mean loss over every predicted token of the full batch

@@ -487,19 +487,8 @@ def test_exported_folder_loads_as_remote_code(tmp_path):
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _ListDataset(torch.utils.data.Dataset):
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        return self.rows[index]
-
-
 @pytest.mark.parametrize("class_name", ["XLNetLMHeadModel", "XLNetForTokenClassification"])
-def test_trainer_gradient_accumulation_equals_full_batch(class_name, tmp_path):
+def test_trainer_gradient_accumulation_equals_full_batch(class_name, trainer_step_update):
     """One SGD step (lr 1) with 2 accumulated half batches == one step on the full batch, although the halves hold
     different numbers of labelled tokens (so a per-micro-batch mean / accumulation steps would differ)."""
     generator = torch.Generator().manual_seed(7)
@@ -510,18 +499,12 @@ def test_trainer_gradient_accumulation_equals_full_batch(class_name, tmp_path):
         labels[: [0, 1, 3, 5][i]] = -100  # 6, 5, 3, 1 labelled tokens: every split into halves is uneven
         rows.append({"input_ids": torch.randint(6, VOCAB, (6,), generator=generator), "labels": labels})
 
-    def one_step(batch_size, accumulation):
+    def make_model():
         torch.manual_seed(0)
-        model = getattr(ours, class_name)(XLNetConfig(**TINY))
-        before = {name: p.detach().clone() for name, p in model.named_parameters()}
-        args = transformers.TrainingArguments(
-            output_dir=str(tmp_path / f"run{accumulation}"), per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1.0, optim="sgd",
-            lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1e9, report_to=[], use_cpu=True,
-            save_strategy="no", logging_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        )
-        transformers.Trainer(model=model, args=args, train_dataset=_ListDataset(rows)).train()
-        return {name: before[name] - p.detach() for name, p in model.named_parameters()}
+        return getattr(ours, class_name)(XLNetConfig(**TINY))
+
+    def one_step(batch_size, accumulation):
+        return trainer_step_update(make_model, rows, batch_size, accumulation)
 
     full, accumulated = one_step(4, 1), one_step(2, 2)
     for name in full:

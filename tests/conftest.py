@@ -1,0 +1,36 @@
+"""Fixtures shared by the test modules."""
+
+import pytest
+import torch
+from transformers import Trainer, TrainingArguments
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+
+@pytest.fixture
+def trainer_step_update(tmp_path):
+    """`update(make_model, rows, batch_size, accumulation)`: the parameter change of one Trainer SGD step (lr 1, no
+    clipping, no decay) on `rows` of a fresh `make_model()`, keyed by parameter name."""
+
+    def update(make_model, rows, batch_size, accumulation):
+        model = make_model()
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        args = TrainingArguments(
+            output_dir=str(tmp_path / f"run{batch_size}x{accumulation}"), per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1.0, optim="sgd",
+            lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1e9, report_to=[], use_cpu=True,
+            save_strategy="no", logging_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True,
+        )  # fmt: skip
+        Trainer(model=model, args=args, train_dataset=_Rows(rows)).train()
+        return {name: before[name] - p.detach() for name, p in model.named_parameters()}
+
+    return update
