@@ -179,9 +179,10 @@ class XLNetRelativeAttention(nn.Module):
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the whole batch: [R, d] -> [H, R, D]; with `bi_data`
-        [2, R, d] (forward, backward) -> [2, 1, H, R, D], broadcasting over the two halves of the batch."""
-        keys = torch.matmul(position_embeddings.to(self.r.dtype), self.r.flatten(1))
+        """W_r R for every relative distance, once for the whole batch and pre-scaled by 1/sqrt(d_head) (see
+        `_attend`): [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward, backward) -> [2, 1, H, R, D],
+        broadcasting over the two halves of the batch."""
+        keys = torch.matmul(position_embeddings.to(self.r.dtype), self.r.flatten(1)) * self.d_head**-0.5
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
@@ -196,7 +197,7 @@ class XLNetRelativeAttention(nn.Module):
         # just after the keys (distance k - j) reads the same encodings with offset 0.
         grouped = query.unflatten(0, (2, batch // 2)) if self.bi_data else query
         scores = relative_position_scores(
-            grouped, position_keys * scale, self.r_r_bias, key_length, offset=query_length if offset is None else offset
+            grouped, position_keys, self.r_r_bias, key_length, offset=query_length if offset is None else offset
         )
         if self.bi_data:
             scores = scores.flatten(0, 1)
