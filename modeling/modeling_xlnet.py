@@ -36,6 +36,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
+from .decoding_linear import DecodingLinear, linear
 from .memory_cache import MemoryCache
 from .relative_attention import (
     causal_memory_mask,
@@ -222,7 +223,7 @@ class XLNetRelativeAttention(nn.Module):
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Output projection o, dropout, residual and post layer norm."""
         attention = attention.transpose(1, 2).flatten(2)
-        output = self.dropout(F.linear(attention, self.o.flatten(1)))
+        output = self.dropout(linear(attention, self.o.flatten(1)))
         return self.layer_norm(output + residual)
 
     def forward(
@@ -301,8 +302,8 @@ class XLNetFeedForward(nn.Module):
     def __init__(self, config: XLNetConfig):
         super().__init__()
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.layer_1 = nn.Linear(config.d_model, config.d_inner)
-        self.layer_2 = nn.Linear(config.d_inner, config.d_model)
+        self.layer_1 = DecodingLinear(config.d_model, config.d_inner)
+        self.layer_2 = DecodingLinear(config.d_inner, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         activation = config.ff_activation
         self.activation_function = ACT2FN[activation] if isinstance(activation, str) else activation
@@ -817,7 +818,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def __init__(self, config: XLNetConfig):
         super().__init__(config)
         self.transformer = XLNetModel(config)
-        self.lm_loss = nn.Linear(config.d_model, config.vocab_size, bias=True)
+        self.lm_loss = DecodingLinear(config.d_model, config.vocab_size, bias=True)
         self.post_init()
 
     def get_output_embeddings(self):
@@ -1296,7 +1297,9 @@ AUTO_CLASSES = {
 
 # The files a Hub folder needs to run these classes as remote code (they import only torch, transformers and each
 # other).
-REMOTE_CODE_FILES = ("configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py", "memory_cache.py")
+REMOTE_CODE_FILES = (
+    "configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py", "memory_cache.py", "decoding_linear.py"
+)
 
 
 def use_for_auto_classes():
