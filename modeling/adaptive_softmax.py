@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .decoding_linear import linear
+
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
     """[(start, end)] id range of each cluster: head first, then the tails."""
@@ -100,13 +102,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             bias = self.out_layers[0].bias[start:end]
         else:
             weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
-        if cluster == 0 and len(self.bounds) > 1:
-            weight = torch.cat([weight, self.cluster_weight], dim=0)
-            bias = torch.cat([bias, self.cluster_bias], dim=0)
         proj = self.out_projs[cluster]
         if proj is not None:
             hidden = hidden @ proj
-        return F.linear(hidden, weight, bias)
+        logits = linear(hidden, weight, bias)
+        if cluster == 0 and len(self.bounds) > 1:  # the tail clusters' logits go after the head's own words
+            logits = torch.cat([logits, linear(hidden, self.cluster_weight, self.cluster_bias)], dim=-1)
+        return logits
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32)."""

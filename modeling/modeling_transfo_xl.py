@@ -21,6 +21,7 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
+from .decoding_linear import DecodingLinear, linear
 from .memory_cache import MemoryCache
 from .relative_attention import (
     causal_memory_mask,
@@ -101,7 +102,7 @@ class TransfoXLAttention(nn.Module):
         self.attn_type, self.pre_lnorm = config.attn_type, config.pre_lnorm
         inner = config.n_head * config.d_head
         self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
-        self.o_net = nn.Linear(inner, config.d_model, bias=False)
+        self.o_net = DecodingLinear(inner, config.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
         self.drop = nn.Dropout(config.dropout)
         self.dropatt = config.dropatt
@@ -125,7 +126,7 @@ class TransfoXLAttention(nn.Module):
         if self.pre_lnorm:
             context = self.layer_norm(context)
         inner = self.n_head * self.d_head
-        key, value = F.linear(context, self.qkv_net.weight[inner:]).chunk(2, dim=-1)
+        key, value = linear(context, self.qkv_net.weight[inner:]).chunk(2, dim=-1)
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
@@ -168,7 +169,7 @@ class TransfoXLAttention(nn.Module):
         """
         query_length = hidden.shape[1]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        query = self._heads(F.linear(normed, self.qkv_net.weight[: self.n_head * self.d_head]))
+        query = self._heads(linear(normed, self.qkv_net.weight[: self.n_head * self.d_head]))
         if memory_key_values is not None:
             key, value = self.project_keys_values(hidden)
             key = torch.cat([memory_key_values[0], key], dim=2)
@@ -204,10 +205,10 @@ class TransfoXLFeedForward(nn.Module):
         super().__init__()
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
-            nn.Linear(config.d_model, config.d_inner),
+            DecodingLinear(config.d_model, config.d_inner),
             nn.ReLU(inplace=True),
             nn.Dropout(config.dropout),
-            nn.Linear(config.d_inner, config.d_model),
+            DecodingLinear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),
         )
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
