@@ -29,34 +29,123 @@ def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str):
         raise ValueError(f"{model}: `mems` entries have lengths {lengths}; expected the same mem_len for every layer.")
 
 
+class GrowingTensor:
+    """A tensor that grows along one axis with room reserved after its end, so that appending a few positions
+    writes only them instead of copying the whole tensor (what `torch.cat` would do at every decoding step).
+
+    `tensor` is a view of `buffer`. Appends write in place into the reserved room, which lies beyond every view
+    handed out so far except views of positions since forgotten (`drop_newest`). When the room runs out, or the
+    buffer is not ours to write (a user's `mems`), the positions move to a new buffer with as much room again as
+    they fill, so a sequence that grows or slides by one position per step is copied amortised O(1) times.
+    """
+
+    def __init__(self, tensor: torch.Tensor, axis: int, writable: bool = False):
+        self.buffer, self.axis, self.writable = tensor, axis, writable
+        self.start, self.length = 0, tensor.shape[axis]
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return self.buffer.narrow(self.axis, self.start, self.length)
+
+    def extended(self, new: torch.Tensor) -> torch.Tensor:
+        """[tensor; new] along the axis, written into the room after `tensor` (whose own length is unchanged)."""
+        count, end = new.shape[self.axis], self.start + self.length
+        fits = (
+            self.writable
+            and end + count <= self.buffer.shape[self.axis]
+            and new.shape[: self.axis] + new.shape[self.axis + 1 :]
+            == self.buffer.shape[: self.axis] + self.buffer.shape[self.axis + 1 :]
+            and (new.dtype, new.device) == (self.buffer.dtype, self.buffer.device)
+        )
+        if not fits:
+            shape = list(new.shape)
+            shape[self.axis] = 2 * (self.length + count)
+            buffer = new.new_empty(shape)
+            buffer.narrow(self.axis, 0, self.length).copy_(self.tensor)
+            self.buffer, self.start, self.writable = buffer, 0, True
+        self.buffer.narrow(self.axis, self.start + self.length, count).copy_(new)
+        return self.buffer.narrow(self.axis, self.start, self.length + count)
+
+    def adopt(self, tensor: torch.Tensor) -> bool:
+        """Take `tensor` as the new contents if it is a view of the buffer starting where `tensor` starts (a prefix
+        of what `extended` returned): no copy. False when it is not."""
+        here = self.buffer.narrow(self.axis, self.start, 0)
+        if (
+            tensor.data_ptr() != here.data_ptr()
+            or tensor.stride() != self.buffer.stride()
+            or tensor.shape[self.axis] > self.buffer.shape[self.axis] - self.start
+        ):
+            return False
+        self.length = tensor.shape[self.axis]
+        return True
+
+    def keep_last(self, length: int):
+        dropped = max(self.length - length, 0)
+        self.start, self.length = self.start + dropped, self.length - dropped
+
+    def drop_newest(self, count: int):
+        self.length -= count
+
+
 class MemoryLayer:
-    """One layer's memory: hidden states and, when known, their keys, values and the position keys."""
+    """One layer's memory: hidden states [B, m, d] and, when known, their keys and values [B, H, m, D]; also the
+    layer's projected position keys."""
+
+    AXES = {"hidden": 1, "keys": 2, "values": 2}
 
     def __init__(self, hidden=None):
+        self.sequences = {}  # name -> GrowingTensor, for the names in AXES that are known
         self.hidden = hidden
-        self.keys = self.values = None
         self.position_keys = None  # [..., heads, span, d_head] for distances lowest+span-1 ... lowest
         self.lowest_distance = None
 
-    def tensors(self):
-        return {name: getattr(self, name) for name in ("hidden", "keys", "values") if getattr(self, name) is not None}
+    def _get(self, name):
+        sequence = self.sequences.get(name)
+        return None if sequence is None else sequence.tensor
+
+    def _set(self, name, tensor, writable=False):
+        """Replace a sequence; tensors that are not our own copies (a user's mems, shared zeros) are never written."""
+        if tensor is None:
+            self.sequences.pop(name, None)
+        else:
+            self.sequences[name] = GrowingTensor(tensor, self.AXES[name], writable)
+
+    hidden = property(lambda self: self._get("hidden"), lambda self, tensor: self._set("hidden", tensor))
+    keys = property(lambda self: self._get("keys"))
+    values = property(lambda self: self._get("values"))
+
+    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
+        """Keys and values of [memory; new] for attention, written after the memory's (no copy of the memory).
+        The memory itself is unchanged until `MemoryCache.store` adopts them."""
+        return self.sequences["keys"].extended(new_keys), self.sequences["values"].extended(new_values)
+
+    def append(self, hidden: torch.Tensor, keys=None, values=None):
+        """Append new hidden states; `keys` / `values` cover [memory; new] (from `key_values_with`, adopted without
+        a copy, or fresh). Without them the stored keys are dropped: they would no longer match."""
+        if "hidden" in self.sequences:
+            sequence = self.sequences["hidden"]
+            sequence.extended(hidden)
+            sequence.length += hidden.shape[1]
+        else:
+            self._set("hidden", hidden, writable=True)
+        for name, tensor in (("keys", keys), ("values", values)):
+            if tensor is None or name not in self.sequences or not self.sequences[name].adopt(tensor):
+                self._set(name, tensor, writable=True)
 
     def map_batch(self, fn):
-        """Apply `fn` to every batch-first tensor (beam reordering, expansion, selection)."""
-        for name, tensor in self.tensors().items():
-            setattr(self, name, fn(tensor))
+        """Apply `fn` to every batch-first tensor (beam reordering, expansion, selection); `fn` returns new tensors."""
+        for name, sequence in list(self.sequences.items()):
+            self._set(name, fn(sequence.tensor), writable=True)
 
     def keep_last(self, length: int):
         """Keep the newest `length` positions."""
-        for name, tensor in self.tensors().items():
-            axis = 1 if name == "hidden" else 2
-            setattr(self, name, tensor.narrow(axis, max(tensor.shape[axis] - length, 0), min(length, tensor.shape[axis])))
+        for sequence in self.sequences.values():
+            sequence.keep_last(length)
 
     def drop_newest(self, count: int):
         """Forget the newest `count` positions."""
-        for name, tensor in self.tensors().items():
-            axis = 1 if name == "hidden" else 2
-            setattr(self, name, tensor.narrow(axis, 0, tensor.shape[axis] - count))
+        for sequence in self.sequences.values():
+            sequence.drop_newest(count)
 
 
 class MemoryCache(Cache):
@@ -115,9 +204,11 @@ class MemoryCache(Cache):
     def memory(self, layer_idx: int) -> torch.Tensor | None:
         return self.layers[layer_idx].hidden
 
-    def key_values(self, layer_idx: int):
+    def known_key_values(self, layer_idx: int) -> MemoryLayer | None:
+        """The layer's memory when its keys and values are stored (attention extends them with
+        `key_values_with`), else None."""
         layer = self.layers[layer_idx]
-        return None if layer.keys is None else (layer.keys, layer.values)
+        return None if layer.keys is None else layer
 
     @torch.no_grad()
     def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
@@ -127,10 +218,8 @@ class MemoryCache(Cache):
         hidden states. Without them any stored keys are dropped (they would no longer match).
         """
         layer = self.layers[layer_idx]
-        new_hidden = new_hidden.detach()
-        layer.hidden = new_hidden if layer.hidden is None else torch.cat([layer.hidden, new_hidden], dim=1)
-        layer.keys = None if keys is None else keys.detach()
-        layer.values = None if values is None else values.detach()
+        keys, values = (None if tensor is None else tensor.detach() for tensor in (keys, values))
+        layer.append(new_hidden.detach(), keys, values)
         if self.mem_len is not None:
             layer.keep_last(self.mem_len)
         if layer_idx == 0:

@@ -22,7 +22,7 @@ from transformers.utils import ModelOutput
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
 from .decoding_linear import DecodingLinear, linear
-from .memory_cache import MemoryCache
+from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
     causal_memory_mask,
     relative_attention,
@@ -130,8 +130,9 @@ class TransfoXLAttention(nn.Module):
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
-        """W_{k,R} R: [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole batch."""
-        return self._heads(self.r_net(position_embedding)[None])[0]
+        """W_{k,R} R: [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole batch (copied
+        to rows per head: the scores read them once per query, far faster than through a strided view)."""
+        return self._heads(self.r_net(position_embedding)[None])[0].contiguous()
 
     def _position_scores(self, query, key_length, position_keys, r_r_bias):
         """Terms (b)+(d) for every (query, key) pair, [B, H, q, k] (None for absolute attention types).
@@ -156,7 +157,7 @@ class TransfoXLAttention(nn.Module):
         self,
         hidden: torch.Tensor,
         memory: torch.Tensor | None,
-        memory_key_values: tuple[torch.Tensor, torch.Tensor] | None,
+        cached_memory: MemoryLayer | None,
         position_keys: torch.Tensor | None,
         mask: torch.Tensor | None,
         biases: tuple[torch.Tensor, torch.Tensor] | None,
@@ -164,16 +165,14 @@ class TransfoXLAttention(nn.Module):
     ):
         """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities, (keys, values)).
 
-        `memory_key_values` are the memory's keys and values when already known (generation cache); they depend
-        only on the memory, so reusing them is exact. The returned keys / values cover [memory; segment].
+        `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
+        depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The returned keys / values cover [memory; segment].
         """
         query_length = hidden.shape[1]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
         query = self._heads(linear(normed, self.qkv_net.weight[: self.n_head * self.d_head]))
-        if memory_key_values is not None:
-            key, value = self.project_keys_values(hidden)
-            key = torch.cat([memory_key_values[0], key], dim=2)
-            value = torch.cat([memory_key_values[1], value], dim=2)
+        if cached_memory is not None:
+            key, value = cached_memory.key_values_with(*self.project_keys_values(hidden))
         else:
             context = hidden if memory is None else torch.cat([memory, hidden], dim=1)
             key, value = self.project_keys_values(context)
@@ -249,7 +248,7 @@ class TransfoXLLayer(GradientCheckpointingLayer):
         self,
         hidden,
         memory=None,
-        memory_key_values=None,
+        cached_memory=None,
         position_keys=None,
         mask=None,
         biases=None,
@@ -257,9 +256,9 @@ class TransfoXLLayer(GradientCheckpointingLayer):
     ):
         if hasattr(self, "r_emb"):
             hidden, memory = self._add_absolute_positions(hidden, memory)
-            memory_key_values = None  # the memory's keys depend on this segment's position offsets
+            cached_memory = None  # the memory's keys depend on this segment's position offsets
         output, probs, key_values = self.dec_attn(
-            hidden, memory, memory_key_values, position_keys, mask, biases, output_attentions
+            hidden, memory, cached_memory, position_keys, mask, biases, output_attentions
         )
         return self.pos_ff(output), probs, key_values
 
@@ -455,7 +454,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             output, probs, (key, value) = layer(
                 hidden,
                 memory=memory,
-                memory_key_values=cache.key_values(i) if reuse_projections else None,
+                cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 position_keys=self._position_keys(i, key_length, position_embedding, cache if reuse_projections else None),
                 mask=mask,
                 biases=biases,

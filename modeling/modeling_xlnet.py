@@ -37,7 +37,7 @@ from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
 from .decoding_linear import DecodingLinear, linear
-from .memory_cache import MemoryCache
+from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
     causal_memory_mask,
     relative_attention,
@@ -184,7 +184,7 @@ class XLNetRelativeAttention(nn.Module):
         `_attend`): [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward, backward) -> [2, 1, H, R, D],
         broadcasting over the two halves of the batch."""
         keys = torch.matmul(position_embeddings.to(self.r.dtype), self.r.flatten(1)) * self.d_head**-0.5
-        keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
+        keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3).contiguous()  # rows per head
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None):
@@ -235,7 +235,7 @@ class XLNetRelativeAttention(nn.Module):
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
-        memory_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cached_memory: MemoryLayer | None = None,
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
         update_content: bool = True,
@@ -243,15 +243,13 @@ class XLNetRelativeAttention(nn.Module):
     ):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
 
-        `memory_key_values`, when the memory's keys and values are already known (a generation cache), are reused:
-        they are a fixed projection of the memory. `update_content=False` (with a query stream) skips the content
+        `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
+        are a fixed projection of the memory) and extended with the new tokens' without copying them. `update_content=False` (with a query stream) skips the content
         stream's own update, for a last layer whose content output nothing reads. `query_after_content`: the query
         stream is one row at the position right after the segment (next-token prediction).
         """
-        if memory_key_values is not None:
-            key, value = self.project_keys_values(content)
-            key = torch.cat([memory_key_values[0], key], dim=2)
-            value = torch.cat([memory_key_values[1], value], dim=2)
+        if cached_memory is not None:
+            key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
             context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
             key, value = self.project_keys_values(context)
@@ -337,7 +335,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
         memory: torch.Tensor | None = None,
-        memory_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cached_memory: MemoryLayer | None = None,
         target_mapping: torch.Tensor | None = None,
         output_attentions: bool = False,
         update_content: bool = True,
@@ -351,7 +349,7 @@ class XLNetLayer(GradientCheckpointingLayer):
             query_mask=query_mask,
             segment_mismatch=segment_mismatch,
             memory=memory,
-            memory_key_values=memory_key_values,
+            cached_memory=cached_memory,
             target_mapping=target_mapping,
             output_attentions=output_attentions,
             update_content=update_content,
@@ -775,7 +773,7 @@ class XLNetModel(XLNetPreTrainedModel):
                 query_mask=query_mask,
                 segment_mismatch=segment_mismatch,
                 memory=cache.memory(i),
-                memory_key_values=cache.key_values(i) if reuse_projections else None,
+                cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
                 # With a query stream only g is returned and the memory keeps layer inputs: the last layer's
