@@ -8,6 +8,10 @@ relative-position keys for the longest span seen, so a step re-projects nothing.
 
 Tensors are batch-first: hidden [batch, mem, d_model], keys / values [batch, heads, mem, d_head]. The legacy
 time-major `mems` tuple is available as `cache.mems`.
+
+The memory grows in place (`GrowingTensor`): a decoding step writes its new positions after the old ones instead of
+copying the whole memory. So the `mems` a forward returns beside a `cache` are views of that cache: positions it
+later forgets (`crop`) may be overwritten by the next steps. Clone them to keep them.
 """
 
 import torch
@@ -34,13 +38,15 @@ class GrowingTensor:
     writes only them instead of copying the whole tensor (what `torch.cat` would do at every decoding step).
 
     `tensor` is a view of `buffer`. Appends write in place into the reserved room, which lies beyond every view
-    handed out so far except views of positions since forgotten (`drop_newest`). When the room runs out, or the
-    buffer is not ours to write (a user's `mems`), the positions move to a new buffer with as much room again as
-    they fill, so a sequence that grows or slides by one position per step is copied amortised O(1) times.
+    handed out so far except views of positions since forgotten (`drop_newest`). A buffer we did not allocate (a
+    user's `mems`, a layer's activations) is never written: the first append copies the positions into an exact
+    new buffer, so a memory that lives for one forward pass (legacy `mems` in, `mems` out) holds no spare room.
+    When one of our buffers runs out of room, the positions move to a new one with as much room again as they
+    fill, so a memory that grows or slides by one position per step is copied amortised O(1) times.
     """
 
-    def __init__(self, tensor: torch.Tensor, axis: int, writable: bool = False):
-        self.buffer, self.axis, self.writable = tensor, axis, writable
+    def __init__(self, tensor: torch.Tensor, axis: int):
+        self.buffer, self.axis, self.writable = tensor, axis, False
         self.start, self.length = 0, tensor.shape[axis]
 
     @property
@@ -59,7 +65,7 @@ class GrowingTensor:
         )
         if not fits:
             shape = list(new.shape)
-            shape[self.axis] = 2 * (self.length + count)
+            shape[self.axis] = (2 if self.writable else 1) * (self.length + count)
             buffer = new.new_empty(shape)
             buffer.narrow(self.axis, 0, self.length).copy_(self.tensor)
             self.buffer, self.start, self.writable = buffer, 0, True
@@ -103,12 +109,11 @@ class MemoryLayer:
         sequence = self.sequences.get(name)
         return None if sequence is None else sequence.tensor
 
-    def _set(self, name, tensor, writable=False):
-        """Replace a sequence; tensors that are not our own copies (a user's mems, shared zeros) are never written."""
+    def _set(self, name, tensor):
         if tensor is None:
             self.sequences.pop(name, None)
         else:
-            self.sequences[name] = GrowingTensor(tensor, self.AXES[name], writable)
+            self.sequences[name] = GrowingTensor(tensor, self.AXES[name])
 
     hidden = property(lambda self: self._get("hidden"), lambda self, tensor: self._set("hidden", tensor))
     keys = property(lambda self: self._get("keys"))
@@ -127,15 +132,15 @@ class MemoryLayer:
             sequence.extended(hidden)
             sequence.length += hidden.shape[1]
         else:
-            self._set("hidden", hidden, writable=True)
+            self._set("hidden", hidden)
         for name, tensor in (("keys", keys), ("values", values)):
             if tensor is None or name not in self.sequences or not self.sequences[name].adopt(tensor):
-                self._set(name, tensor, writable=True)
+                self._set(name, tensor)
 
     def map_batch(self, fn):
         """Apply `fn` to every batch-first tensor (beam reordering, expansion, selection); `fn` returns new tensors."""
         for name, sequence in list(self.sequences.items()):
-            self._set(name, fn(sequence.tensor), writable=True)
+            self._set(name, fn(sequence.tensor))
 
     def keep_last(self, length: int):
         """Keep the newest `length` positions."""
