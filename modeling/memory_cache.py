@@ -75,9 +75,9 @@ class GrowingTensor:
     def adopt(self, tensor: torch.Tensor) -> bool:
         """Take `tensor` as the new contents if it is a view of the buffer starting where `tensor` starts (a prefix
         of what `extended` returned): no copy. False when it is not."""
-        here = self.buffer.narrow(self.axis, self.start, 0)
+        start_address = self.buffer.data_ptr() + self.start * self.buffer.stride(self.axis) * self.buffer.element_size()
         if (
-            tensor.data_ptr() != here.data_ptr()
+            tensor.data_ptr() != start_address
             or tensor.stride() != self.buffer.stride()
             or tensor.shape[self.axis] > self.buffer.shape[self.axis] - self.start
         ):

@@ -1,0 +1,101 @@
+"""The memory grows in place: decoding steps write only their new positions, and nothing the caller owns is
+ever written."""
+
+import torch
+
+from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
+from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+from transformers_xl.modeling.memory_cache import GrowingTensor, MemoryCache
+from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
+
+
+def appended_one_by_one(sequence, steps, keep=None):
+    """Append `steps` random positions to `sequence`; -> (reference built with torch.cat, buffers used)."""
+    reference, buffers = sequence.tensor.clone(), {sequence.buffer.data_ptr()}
+    for step in range(steps):
+        new = torch.randn(2, 1, 3, generator=torch.Generator().manual_seed(step))
+        sequence.extended(new)
+        sequence.length += 1
+        reference = torch.cat([reference, new], dim=1)
+        if keep is not None:
+            sequence.keep_last(keep)
+            reference = reference[:, -keep:]
+        buffers.add(sequence.buffer.data_ptr())
+        assert torch.equal(sequence.tensor, reference)
+    return buffers
+
+
+def test_growing_memory_is_copied_a_logarithmic_number_of_times():
+    sequence = GrowingTensor(torch.randn(2, 10, 3), axis=1)
+    buffers = appended_one_by_one(sequence, 300)
+    assert len(buffers) <= 7  # the caller's tensor, then room doubling: 11 -> 22 -> ... -> 352
+
+
+def test_sliding_memory_stays_within_twice_its_length():
+    sequence = GrowingTensor(torch.randn(2, 8, 3), axis=1)
+    buffers = appended_one_by_one(sequence, 300, keep=8)
+    assert sequence.buffer.shape[1] <= 2 * (8 + 1)
+    assert len(buffers) <= 300 // 8 + 2  # one move per 8 or so steps, not one per step
+
+
+def test_a_callers_tensor_is_never_written_and_earlier_views_stay_intact():
+    owned = torch.randn(2, 4, 3)
+    original = owned.clone()
+    sequence = GrowingTensor(owned, axis=1)
+    sequence.extended(torch.ones(2, 1, 3))
+    sequence.length += 1
+    assert torch.equal(owned, original) and sequence.buffer.data_ptr() != owned.data_ptr()
+    view, copy = sequence.tensor, sequence.tensor.clone()
+    sequence.extended(torch.zeros(2, 2, 3))  # room after the view: written in place, the view is untouched
+    assert torch.equal(view, copy)
+
+
+def tiny_transfo_xl(mem_len=5):
+    torch.manual_seed(0)
+    config = TransfoXLConfig(
+        vocab_size=50, cutoffs=[20], d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=24, n_layer=2,
+        mem_len=mem_len, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    return TransfoXLLMHeadModel(config).eval()
+
+
+def tiny_xlnet(mem_len=None):
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=50, d_model=16, n_head=2, d_inner=24, n_layer=2, mem_len=mem_len, pad_token_id=0)
+    return XLNetLMHeadModel(config).eval()
+
+
+def test_user_mems_are_not_modified_by_forward_or_generate():
+    ids = torch.randint(1, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    for model, mem_kwargs in ((tiny_transfo_xl(), {}), (tiny_xlnet(mem_len=8), {"use_mems": True})):
+        with torch.no_grad():
+            mems = model(ids, **mem_kwargs).mems
+            originals = [mem.clone() for mem in mems]
+            model(ids[:, :3], mems=mems, **mem_kwargs)
+            model.generate(ids[:, :2], mems=mems, max_new_tokens=4, do_sample=False, pad_token_id=0)
+            model.generate(ids[:, :2], mems=mems, max_new_tokens=4, num_beams=2, do_sample=False, pad_token_id=0)
+        for mem, original in zip(mems, originals):
+            assert torch.equal(mem, original)
+
+
+def test_mems_of_a_plain_forward_hold_no_spare_room():
+    model = tiny_transfo_xl(mem_len=5)
+    ids = torch.randint(1, 50, (2, 4))
+    with torch.no_grad():
+        mems = model(ids).mems
+        mems = model(ids, mems=mems).mems
+    positions = 4 + 4  # the memory and the segment, of which the last mem_len are kept
+    assert all(mem.untyped_storage().nbytes() == positions * 2 * 16 * 4 for mem in mems)
+
+
+def test_decoding_steps_write_into_the_same_buffers():
+    model = tiny_transfo_xl(mem_len=1000)
+    cache = MemoryCache(model.config.n_layer, model.config.mem_len)
+    token = torch.randint(1, 50, (1, 1))
+    with torch.no_grad():
+        model(torch.randint(1, 50, (1, 40)), cache=cache)
+        buffers = set()
+        for _ in range(30):
+            model(token, cache=cache)
+            buffers.add(cache.layers[0].sequences["keys"].buffer.data_ptr())
+    assert len(buffers) <= 2  # the copy of the prompt's keys, then in place (room for 80 positions)
