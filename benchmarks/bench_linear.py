@@ -54,7 +54,7 @@ def main():
         biases = [torch.randn(out_features) for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, in_features)
-            expected = F.linear(x, weights[0], biases[0])  # values of size ~sqrt(in_features): fp32 sums differ a little
+            expected = F.linear(x, weights[0], biases[0])  # entries ~sqrt(in_features): fp32 sums differ a bit
             torch.testing.assert_close(linear(x, weights[0], biases[0]), expected, rtol=1e-4, atol=1e-4)
             reference = cold_ms(F.linear, weights, biases, x, args.rounds)
             ours = cold_ms(linear, weights, biases, x, args.rounds)

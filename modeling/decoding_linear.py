@@ -4,8 +4,8 @@
 step feeds 1-3 tokens per sequence) MKL serves that call from a matrix-vector path that streams the weights from
 memory at about a third of the speed it reaches for the same product asked as `(W x^T)^T`, the one layout change
 here. Decoding steps read every weight once per token, so this is most of their time: on this project's CPUs the
-32000-word output layer takes 2.1 ms instead of 6.2 ms for one row, a 2048 x 512 feed-forward layer 0.23 instead of
-0.73 ms for three (`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product,
+32000-word output layer takes 3.4 ms instead of 7.1 ms for one row, a 512 -> 2048 feed-forward layer 0.25 instead of
+0.80 ms for three (`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product,
 up to the order of the floating-point sums.
 
 Everything else (GPU, half precision, more than `MAX_ROWS` rows, or one row into a narrower output, where the

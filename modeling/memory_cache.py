@@ -72,12 +72,16 @@ class GrowingTensor:
         self.buffer.narrow(self.axis, self.start + self.length, count).copy_(new)
         return self.buffer.narrow(self.axis, self.start, self.length + count)
 
+    def append(self, new: torch.Tensor):
+        self.extended(new)
+        self.length += new.shape[self.axis]
+
     def adopt(self, tensor: torch.Tensor) -> bool:
         """Take `tensor` as the new contents if it is a view of the buffer starting where `tensor` starts (a prefix
         of what `extended` returned): no copy. False when it is not."""
-        start_address = self.buffer.data_ptr() + self.start * self.buffer.stride(self.axis) * self.buffer.element_size()
+        offset = self.start * self.buffer.stride(self.axis) * self.buffer.element_size()
         if (
-            tensor.data_ptr() != start_address
+            tensor.data_ptr() != self.buffer.data_ptr() + offset
             or tensor.stride() != self.buffer.stride()
             or tensor.shape[self.axis] > self.buffer.shape[self.axis] - self.start
         ):
@@ -128,9 +132,7 @@ class MemoryLayer:
         """Append new hidden states; `keys` / `values` cover [memory; new] (from `key_values_with`, adopted without
         a copy, or fresh). Without them the stored keys are dropped: they would no longer match."""
         if "hidden" in self.sequences:
-            sequence = self.sequences["hidden"]
-            sequence.extended(hidden)
-            sequence.length += hidden.shape[1]
+            self.sequences["hidden"].append(hidden)
         else:
             self._set("hidden", hidden)
         for name, tensor in (("keys", keys), ("values", values)):

@@ -166,7 +166,8 @@ class TransfoXLAttention(nn.Module):
         """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities, (keys, values)).
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
-        depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The returned keys / values cover [memory; segment].
+        depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The
+        returned keys / values cover [memory; segment].
         """
         query_length = hidden.shape[1]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden

@@ -244,9 +244,10 @@ class XLNetRelativeAttention(nn.Module):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
-        are a fixed projection of the memory) and extended with the new tokens' without copying them. `update_content=False` (with a query stream) skips the content
-        stream's own update, for a last layer whose content output nothing reads. `query_after_content`: the query
-        stream is one row at the position right after the segment (next-token prediction).
+        are a fixed projection of the memory) and extended with the new tokens' without copying them.
+        `update_content=False` (with a query stream) skips the content stream's own update, for a last layer whose
+        content output nothing reads. `query_after_content`: the query stream is one row at the position right
+        after the segment (next-token prediction).
         """
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))

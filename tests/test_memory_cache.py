@@ -14,8 +14,7 @@ def appended_one_by_one(sequence, steps, keep=None):
     reference, buffers = sequence.tensor.clone(), {sequence.buffer.data_ptr()}
     for step in range(steps):
         new = torch.randn(2, 1, 3, generator=torch.Generator().manual_seed(step))
-        sequence.extended(new)
-        sequence.length += 1
+        sequence.append(new)
         reference = torch.cat([reference, new], dim=1)
         if keep is not None:
             sequence.keep_last(keep)
@@ -42,8 +41,7 @@ def test_a_callers_tensor_is_never_written_and_earlier_views_stay_intact():
     owned = torch.randn(2, 4, 3)
     original = owned.clone()
     sequence = GrowingTensor(owned, axis=1)
-    sequence.extended(torch.ones(2, 1, 3))
-    sequence.length += 1
+    sequence.append(torch.ones(2, 1, 3))
     assert torch.equal(owned, original) and sequence.buffer.data_ptr() != owned.data_ptr()
     view, copy = sequence.tensor, sequence.tensor.clone()
     sequence.extended(torch.zeros(2, 2, 3))  # room after the view: written in place, the view is untouched
