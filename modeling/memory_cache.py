@@ -58,6 +58,8 @@ class GrowingTensor:
         count, end = new.shape[self.axis], self.start + self.length
         fits = (
             self.writable
+            # a buffer made under torch.inference_mode can only be written there
+            and (torch.is_inference_mode_enabled() or not self.buffer.is_inference())
             and end + count <= self.buffer.shape[self.axis]
             and new.shape[: self.axis] + new.shape[self.axis + 1 :]
             == self.buffer.shape[: self.axis] + self.buffer.shape[self.axis + 1 :]

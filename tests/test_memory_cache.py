@@ -97,3 +97,14 @@ def test_decoding_steps_write_into_the_same_buffers():
             model(token, cache=cache)
             buffers.add(cache.layers[0].sequences["keys"].buffer.data_ptr())
     assert len(buffers) <= 2  # the copy of the prompt's keys, then in place (room for 80 positions)
+
+
+def test_a_memory_made_under_inference_mode_continues_under_no_grad():
+    model = tiny_transfo_xl(mem_len=100)
+    cache = MemoryCache(model.config.n_layer, model.config.mem_len)
+    with torch.inference_mode():
+        for length in (10, 1, 1):
+            model(torch.randint(1, 50, (1, length)), cache=cache)
+    with torch.no_grad():
+        model(torch.randint(1, 50, (1, 1)), cache=cache)
+    assert cache.get_seq_length() == 13 and cache.layers[0].keys.shape[2] == 13
