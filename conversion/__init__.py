@@ -1,3 +1,4 @@
 """Checkpoint conversion (original TF / PyTorch checkpoints and legacy transformers folders to Hub folders).
 
-Not written yet: no issue asks for it so far (see README, Layout)."""
+Each reader (`tf_checkpoint`, `original_pytorch`, `hf_legacy`) returns a `ConvertedCheckpoint`; `hub_export`
+writes it as a Hub folder and verifies it; `cli` is `transformers-xl convert`."""

@@ -1,0 +1,24 @@
+"""What every checkpoint reader hands to the shared writer: the model class, its config and its weights, plus a way
+to run the source for the verification step."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+@dataclass
+class ConvertedCheckpoint:
+    model_class: type[PreTrainedModel]
+    """Our head class the weights belong to (e.g. `TransfoXLLMHeadModel`, `XLNetForQuestionAnswering`)."""
+    config: PretrainedConfig
+    state_dict: dict[str, torch.Tensor]
+    """Every parameter and buffer of `model_class(config)` under our names, nothing else."""
+    source: str
+    """Where the weights came from, in words, for the model card (e.g. "TF checkpoint model.ckpt-0 (XLNet)")."""
+    compare_with_source: Callable[[PreTrainedModel], float] | None = None
+    """Runs the source and the converted model on a sample input and returns the largest absolute difference of
+    their outputs; None where the source cannot be run here."""
+    tokenizer_files: dict[str, str] = field(default_factory=dict)
+    """Vocabulary files found beside the source, by kind ("vocab.pkl", "vocab.txt", "spiece.model", ...)."""
