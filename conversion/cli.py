@@ -1,13 +1,73 @@
-"""Convert a checkpoint (original TF, original PyTorch, legacy transformers) into a Hub folder.
+"""Convert a checkpoint (original TF, original PyTorch or legacy transformers) into a Hub folder, and push it.
 
-Placeholder while issue #9 is built: it only declares the subcommand.
+    transformers-xl convert SOURCE OUTPUT --from {tf,original-pytorch,hf-legacy} [options]
+
+OUTPUT gets safetensors weights, config.json with the model code beside it (loads with trust_remote_code=True
+where transformers-xl is not installed), generation config, tokenizer and model card; it is reloaded and compared
+with the source before it appears.
 """
 
+import argparse
+from pathlib import Path
 
-def add_arguments(parser):
-    parser.add_argument("source")
-    parser.add_argument("output")
+from .. import hub_configs
+from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
+
+
+def read_source(args):
+    """The reader for `--from`, imported on use (the TF reader pulls in its own dependencies)."""
+    config = hub_configs.config_path(args.config) if args.config else None
+    if args.source_format == "tf":
+        from .tf_checkpoint import read_tf_checkpoint
+
+        return read_tf_checkpoint(args.source, config=config, corpus_info=args.corpus_info, task=args.task)
+    if args.source_format == "original-pytorch":
+        from .original_pytorch import read_original_pytorch
+
+        return read_original_pytorch(args.source, config=config)
+    from .hf_legacy import read_hf_legacy
+
+    return read_hf_legacy(args.source, config=config)
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("source", metavar="SOURCE", help="checkpoint: TF prefix or folder, model.pt, or 4.x folder")
+    parser.add_argument("output", metavar="OUTPUT", help="the folder to write (refused if it exists, see --force)")
+    parser.add_argument("--from", dest="source_format", required=True, choices=["tf", "original-pytorch", "hf-legacy"])
+    parser.add_argument(
+        "--config",
+        help=f"a config.json, a JSON of the original training flags (tf), or a released config: {hub_configs.names()}",
+    )
+    parser.add_argument("--corpus-info", help="tf: the corpus-info.json of the original data script")
+    parser.add_argument("--task", help="tf (XLNet): the fine-tuning task whose head to convert")
+    parser.add_argument("--vocab", help="vocabulary for the tokenizer: tokenizer.json, vocab.pkl/.bin/.txt, spiece.model")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUTPUT")
+    parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, help="split weights above this size")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
+    hub = parser.add_argument_group("Hub")
+    hub.add_argument("--push-to", metavar="ORG/NAME", help="upload OUTPUT to this model repo in one commit")
+    hub.add_argument("--private", action="store_true", help="create the repo private")
+    hub.add_argument("--revision", help="branch to commit to (created if missing)")
+    hub.add_argument("--dry-run", action="store_true", help="list what would be uploaded where, send nothing")
 
 
 def run(args) -> int:
-    raise SystemExit("transformers-xl convert: not built yet (issue #9)")
+    if (args.private or args.revision or args.dry_run) and not args.push_to:
+        log("--private, --revision and --dry-run need --push-to")
+        return 2
+    source, output = Path(args.source).absolute(), Path(args.output).absolute()
+    if output == source or output in source.parents:
+        log(f"OUTPUT {args.output} would replace SOURCE {args.source}; write elsewhere")
+        return 2
+    try:
+        converted = read_source(args)
+        write_folder(
+            converted, output, force=args.force, vocab=args.vocab,
+            max_shard_size=args.max_shard_size, tolerance=args.tolerance,
+        )  # fmt: skip
+        if args.push_to:
+            push_folder(output, args.push_to, private=args.private, revision=args.revision, dry_run=args.dry_run)
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as error:
+        log(f"error: {error}")
+        return 1
+    return 0

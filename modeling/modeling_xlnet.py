@@ -19,9 +19,6 @@ layer i over the last `mem_len` positions, time-major `[mem_len, batch, d_model]
 batch-first ([B, L, d], heads [B, H, L, d_head]) and attention runs in torch's fused kernel (see relative_attention).
 """
 
-import os
-import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -1280,7 +1277,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Auto classes and Hub export
+# Auto classes
 # ---------------------------------------------------------------------------------------------------------------
 
 # Which of our classes each Auto class gives for model type "xlnet" (transformers' own XLNet mapping, same names).
@@ -1293,12 +1290,6 @@ AUTO_CLASSES = {
     "AutoModelForMultipleChoice": "XLNetForMultipleChoice",
     "AutoModelForQuestionAnswering": "XLNetForQuestionAnsweringSimple",
 }
-
-# The files a Hub folder needs to run these classes as remote code (they import only torch, transformers and each
-# other).
-REMOTE_CODE_FILES = (
-    "configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py", "memory_cache.py", "decoding_linear.py"
-)
 
 
 def use_for_auto_classes():
@@ -1324,24 +1315,6 @@ def use_builtin_auto_classes():
         getattr(transformers, auto_name)._model_mapping._extra_content.pop(XLNetConfig, None)
 
 
-def save_with_remote_code(model: XLNetPreTrainedModel, save_directory, **save_kwargs):
-    """`save_pretrained` plus what `trust_remote_code=True` needs: the modeling files next to the weights and an
-    `auto_map` in config.json for every Auto class. Without `trust_remote_code` the folder still loads in
-    transformers' own XLNet classes (same model type and weight names)."""
-    model.save_pretrained(save_directory, **save_kwargs)
-    source = os.path.dirname(os.path.abspath(__file__))
-    for file_name in REMOTE_CODE_FILES:
-        shutil.copyfile(os.path.join(source, file_name), os.path.join(save_directory, file_name))
-    config_path = os.path.join(save_directory, "config.json")
-    with open(config_path, encoding="utf-8") as handle:
-        config = json.load(handle)
-    config["auto_map"] = {"AutoConfig": "configuration_xlnet.XLNetConfig"}
-    config["auto_map"].update({auto: f"modeling_xlnet.{name}" for auto, name in AUTO_CLASSES.items()})
-    with open(config_path, "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-
-
 __all__ = [
     "XLNetPreTrainedModel",
     "XLNetModel",
@@ -1353,5 +1326,4 @@ __all__ = [
     "XLNetForQuestionAnswering",
     "use_for_auto_classes",
     "use_builtin_auto_classes",
-    "save_with_remote_code",
 ]

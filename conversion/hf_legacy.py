@@ -1,0 +1,68 @@
+"""Legacy transformers 4.x folders (Transformer-XL or XLNet) -> `ConvertedCheckpoint`.
+
+Our models read these folders as they are (4.x parameter names; `pytorch_model.bin` unpickled with torch's
+weights-only loader, so nothing in it runs). This reader adds what a conversion needs on top: strict checks (every
+stored weight used, none missing, every shape as the config says), the vocabulary files beside the weights, and the
+loaded model kept as the source that the written folder is verified against.
+"""
+
+import json
+import pickle
+from functools import partial
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+from ..modeling import modeling_transfo_xl, modeling_xlnet
+from .converted import ConvertedCheckpoint
+from .hub_export import SETTINGS_FILE, max_difference
+from .remote_code import OWN_AUTO_CLASS
+
+MODULES = {"transfo-xl": modeling_transfo_xl, "xlnet": modeling_xlnet}
+DEFAULT_HEADS = {"transfo-xl": "TransfoXLLMHeadModel", "xlnet": "XLNetLMHeadModel"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+VOCABULARY_FILES = ("tokenizer.json", "vocab.pkl", "vocab.bin", "vocab.txt", "spiece.model", SETTINGS_FILE)
+
+
+def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
+    """Read the folder `source`; `config` (a config.json path) replaces the folder's own config."""
+    folder = Path(source)
+    config_file = Path(config) if config is not None else folder / "config.json"
+    if not folder.is_dir() or not config_file.is_file():
+        raise ValueError(f"{source}: expected a transformers folder with a config.json (or pass --config).")
+    config_dict = json.loads(config_file.read_text(encoding="utf-8"))
+    model_type = config_dict.get("model_type")
+    if model_type not in MODULES:
+        raise ValueError(f"{source}: a {model_type!r} checkpoint; expected model_type 'transfo-xl' or 'xlnet'.")
+    head = (config_dict.get("architectures") or [DEFAULT_HEADS[model_type]])[0]
+    model_class = getattr(MODULES[model_type], head, None)
+    if model_class is None or head not in OWN_AUTO_CLASS:
+        heads = sorted(name for name in OWN_AUTO_CLASS if hasattr(MODULES[model_type], name))
+        raise ValueError(f"{source}: unknown {model_type} head {head!r}; expected one of {heads}.")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{source}: no weights; expected one of {', '.join(WEIGHT_FILES)}.")
+
+    try:
+        model, info = model_class.from_pretrained(
+            folder,
+            config=model_class.config_class.from_dict(config_dict),
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # (reported below with the other problems, by name)
+        )
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        raise ValueError(f"{source}: cannot read the weights (a truncated or damaged file?): {error}") from error
+    problems = [f"missing {name}" for name in sorted(info["missing_keys"])]
+    problems += [f"unexpected {name}" for name in sorted(info["unexpected_keys"])]
+    problems += [f"{name}: stored {list(a)}, the config needs {list(b)}" for name, a, b in info["mismatched_keys"]]
+    if problems:
+        raise ValueError(f"{source}: the weights do not fit {head} with this config:\n  " + "\n  ".join(problems))
+
+    model.eval()
+    return ConvertedCheckpoint(
+        model_class=model_class,
+        config=model.config,
+        state_dict=model.state_dict(),
+        source=f"transformers 4.x folder {folder.name} ({head})",
+        compare_with_source=partial(max_difference, model),
+        tokenizer_files={kind: str(folder / kind) for kind in VOCABULARY_FILES if (folder / kind).is_file()},
+    )

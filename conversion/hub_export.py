@@ -1,0 +1,317 @@
+"""The one writer of Hub folders: a converted checkpoint in, a verified folder out (and optionally on the Hub).
+
+The folder holds `model.safetensors` (sharded above `max_shard_size`), `config.json` naming the head and an
+`auto_map` onto the modeling files copied beside it (transformers' remote code, see `remote_code`),
+`generation_config.json` for the LM heads, the tokenizer where a vocabulary is known, and a model card. It is written
+into a temporary folder next to OUTPUT, reloaded and compared with the source, and only then renamed to OUTPUT: a
+failed or interrupted conversion leaves no OUTPUT behind (nor a half-replaced one).
+"""
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
+from transformers import PreTrainedModel
+
+from .converted import ConvertedCheckpoint
+from .remote_code import full_auto_map
+
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+DEFAULT_TOLERANCE = 1e-4
+SAMPLE_SEGMENTS, SAMPLE_LENGTH = 3, 8
+
+
+def log(message: str):
+    print(f"transformers-xl convert: {message}", file=sys.stderr, flush=True)
+
+
+# --- the model --------------------------------------------------------------------------------------------------
+
+
+def build_model(converted: ConvertedCheckpoint) -> PreTrainedModel:
+    """`model_class(config)` holding exactly the converted tensors (no copy: they are assigned, not loaded into
+    freshly initialised parameters, which keeps the peak memory near one copy of the weights)."""
+    with torch.device("meta"):
+        model = converted.model_class(converted.config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    given = {name: tuple(t.shape) for name, t in converted.state_dict.items()}
+    problems = [f"missing {name} {list(shape)}" for name, shape in expected.items() if name not in given]
+    problems += [f"unexpected {name} {list(shape)}" for name, shape in given.items() if name not in expected]
+    problems += [
+        f"{name} has shape {list(given[name])}, the config needs {list(shape)}"
+        for name, shape in expected.items()
+        if name in given and given[name] != shape
+    ]
+    if problems:
+        raise ValueError(
+            f"The weights of {converted.source} do not fit {converted.model_class.__name__} with this config:\n  "
+            + "\n  ".join(problems)
+        )
+    model.load_state_dict(converted.state_dict, assign=True)
+    model.tie_weights()
+    for name, tensor in model.state_dict().items():  # a tie the config asks for must hold in the weights
+        source = converted.state_dict[name]
+        if tensor.data_ptr() != source.data_ptr() and not torch.equal(tensor, source):
+            raise ValueError(
+                f"The config ties {name} to another weight, but {converted.source} holds different values for it "
+                "(check tie_weight / tie_projs)."
+            )
+    return model.eval()
+
+
+def sample_inputs(model: PreTrainedModel, segment: int) -> dict:
+    """A fixed batch of 2 rows of token ids for `segment` (several choices for multiple-choice heads)."""
+    generator = torch.Generator().manual_seed(segment)
+    shape = (2, 2, SAMPLE_LENGTH) if "MultipleChoice" in type(model).__name__ else (2, SAMPLE_LENGTH)
+    return {"input_ids": torch.randint(0, model.config.vocab_size, shape, generator=generator)}
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    """Every floating-point tensor in a model output (logits, hidden states, memories, ...), in a fixed order."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.is_floating_point() else []
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        return [t for item in output for t in _tensors(item)]
+    return []
+
+
+@torch.no_grad()
+def max_difference(source: PreTrainedModel, converted: PreTrainedModel) -> float:
+    """Largest absolute difference between the outputs of two models of the same kind over a few consecutive
+    segments, each one attending to the previous ones through the memory (`mems`)."""
+    largest, mems = 0.0, (None, None)
+    for segment in range(SAMPLE_SEGMENTS):
+        inputs = sample_inputs(source, segment)
+        outputs = []
+        for model, model_mems in zip((source, converted), mems):
+            outputs.append(model.eval()(**inputs, mems=model_mems))
+        for a, b in zip(*(_tensors(out) for out in outputs), strict=True):
+            largest = max(largest, (a.float() - b.float()).abs().max().item())
+        mems = tuple(getattr(out, "mems", None) for out in outputs)
+    return largest
+
+
+# --- the tokenizer ----------------------------------------------------------------------------------------------
+
+# File kinds a tokenizer can be made from, by model type, and how a file's name tells its kind.
+TOKENIZER_KINDS = {
+    "transfo-xl": {"tokenizer.json", "vocab.pkl", "vocab.bin", "vocab.txt"},
+    "xlnet": {"tokenizer.json", "spiece.model"},
+}
+SETTINGS_FILE = "tokenizer_config.json"
+
+
+def vocabulary_kind(path: str) -> str:
+    """`--vocab FILE` -> its kind, from the name ("my-vocab.pkl" -> "vocab.pkl", "sp.model" -> "spiece.model")."""
+    suffixes = {".json": "tokenizer.json", ".pkl": "vocab.pkl", ".bin": "vocab.bin", ".txt": "vocab.txt"}
+    suffixes[".model"] = "spiece.model"
+    kind = suffixes.get(Path(path).suffix)
+    if kind is None or not Path(path).is_file():
+        raise ValueError(
+            f"--vocab {path}: expected an existing tokenizer.json, vocab.pkl, vocab.bin, vocab.txt or spiece.model file."
+        )
+    return kind
+
+
+def load_tokenizer(model_type: str, files: dict[str, str]):
+    """The tokenizer of a model type from the files found or given (None when there are none)."""
+    kinds = [kind for kind in files if kind != SETTINGS_FILE]
+    if not kinds:
+        return None
+    wrong = [kind for kind in kinds if kind not in TOKENIZER_KINDS[model_type]]
+    if wrong:
+        raise ValueError(
+            f"A {model_type} model cannot use a {', '.join(wrong)} vocabulary; "
+            f"expected one of {sorted(TOKENIZER_KINDS[model_type])}."
+        )
+    settings = {}
+    if SETTINGS_FILE in files:
+        settings = json.loads(Path(files[SETTINGS_FILE]).read_text(encoding="utf-8"))
+        for key in ("tokenizer_class", "auto_map", "name_or_path", "tokenizer_file", "backend"):
+            settings.pop(key, None)
+    if model_type == "transfo-xl":
+        from ..tokenization.tokenization_transfo_xl import TransfoXLTokenizer
+
+        arguments = {
+            "tokenizer.json": "tokenizer_file",
+            "vocab.pkl": "pretrained_vocab_file",
+            "vocab.bin": "pretrained_vocab_file_torch",
+            "vocab.txt": "vocab_file",
+        }
+        kind = next(k for k in arguments if k in files)
+        return TransfoXLTokenizer(**{arguments[kind]: files[kind]}, **settings)
+    from transformers import XLNetTokenizer
+
+    if "tokenizer.json" in files:
+        return XLNetTokenizer(tokenizer_file=files["tokenizer.json"], **settings)
+    return XLNetTokenizer(vocab=files["spiece.model"], **settings)
+
+
+def save_tokenizer(tokenizer, model_type: str, folder: Path):
+    """Write `tokenizer.json` + `tokenizer_config.json`. Transformer-XL's names the generic `TokenizersBackend`,
+    which runs the whole pipeline from `tokenizer.json` in any transformers 5, plugin or not (its own class holds no
+    extra behaviour at encoding time); XLNet's names transformers' own `XLNetTokenizer`."""
+    tokenizer.save_pretrained(folder)
+    for leftover in ("vocab.txt", "special_tokens_map.json"):  # (the plain word list is in tokenizer.json)
+        (folder / leftover).unlink(missing_ok=True)
+    if model_type == "transfo-xl":
+        path = folder / SETTINGS_FILE
+        settings = json.loads(path.read_text(encoding="utf-8"))
+        settings["tokenizer_class"] = "TokenizersBackend"
+        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# --- the model card ---------------------------------------------------------------------------------------------
+
+
+def model_card(model: PreTrainedModel, converted: ConvertedCheckpoint, command: str, verification: dict) -> ModelCard:
+    head = type(model).__name__
+    data = ModelCardData(
+        library_name="transformers",
+        tags=["transformers-xl", model.config.model_type, "custom_code"],
+        pipeline_tag="text-generation" if head.endswith("LMHeadModel") else None,
+        converted_from=converted.source,
+        conversion_command=command,
+        verification=verification,
+    )
+    auto_class = model.config.auto_map
+    loader = next(auto for auto, target in auto_class.items() if target.endswith("." + head))
+    content = f"""---
+{data.to_yaml()}
+---
+
+# {head}
+
+Converted from {converted.source} by `transformers-xl convert`:
+
+```bash
+{command}
+```
+
+Verification: {verification["method"]}; largest absolute difference {verification["max_abs_diff"]:.3g}
+(tolerance {verification["tolerance"]:g}).
+
+The model code is in this folder, so it loads without installing `transformers-xl`:
+
+```python
+from transformers import {loader}
+
+model = {loader}.from_pretrained("path/or/repo", trust_remote_code=True)
+```
+"""
+    return ModelCard(content)
+
+
+# --- the folder -------------------------------------------------------------------------------------------------
+
+
+def write_folder(
+    converted: ConvertedCheckpoint,
+    output,
+    *,
+    force: bool = False,
+    vocab: str | None = None,
+    command: str | None = None,
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> float:
+    """Write `converted` as a Hub folder at `output` (atomically) and return the verified max difference."""
+    output = Path(output).absolute()
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} exists; pass --force to replace it.")
+    files = dict(converted.tokenizer_files)
+    if vocab is not None:
+        files = {kind: path for kind, path in files.items() if kind == SETTINGS_FILE}
+        files[vocabulary_kind(vocab)] = vocab
+    tokenizer = load_tokenizer(converted.config.model_type, files)  # (bad vocabularies fail before any writing)
+    if tokenizer is not None and len(tokenizer) > converted.config.vocab_size:
+        raise ValueError(
+            f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
+        )
+    command = command or shlex.join(["transformers-xl", *sys.argv[1:]])
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        log(f"building {converted.model_class.__name__} from {converted.source}")
+        model = build_model(converted)
+        model.config.auto_map = full_auto_map(model)
+        log(f"writing {staging}")
+        model.save_pretrained(staging, max_shard_size=max_shard_size)
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, model.config.model_type, staging)
+
+        log("verifying: reloading the written folder")
+        reloaded = converted.model_class.from_pretrained(staging)
+        if converted.compare_with_source is not None:
+            method = "outputs of the written folder vs the source model"
+            difference = converted.compare_with_source(reloaded)
+        else:
+            method = "outputs of the written folder vs the converted weights in memory (the source cannot be run here)"
+            difference = max_difference(model, reloaded)
+        del reloaded
+        log(f"verification ({method}): max abs difference {difference:.3g} (tolerance {tolerance:g})")
+        if not difference <= tolerance:  # (NaN fails too)
+            raise ValueError(
+                f"Verification failed: the converted model's outputs differ from the source's by {difference:.3g} "
+                f"(tolerance {tolerance:g})."
+            )
+        verification = {"method": method, "max_abs_diff": float(difference), "tolerance": tolerance, "passed": True}
+        model_card(model, converted, command, verification).save(staging / "README.md")
+        _replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"wrote {output}")
+    return difference
+
+
+def _replace(staging: Path, output: Path):
+    """Rename `staging` to `output`; an existing `output` is moved aside first and deleted after the swap."""
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private)
+    if not output.exists():
+        os.replace(staging, output)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
+    os.replace(output, aside / output.name)
+    os.replace(staging, output)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# --- the Hub ----------------------------------------------------------------------------------------------------
+
+
+def push_folder(folder, repo_id: str, *, private: bool = False, revision: str | None = None, dry_run: bool = False,
+                endpoint: str | None = None, token: str | None = None) -> str | None:  # fmt: skip
+    """Upload every file of `folder` to the model repo `repo_id` in ONE commit (creating the repo, and the branch
+    `revision`, if needed). `dry_run` prints what would go where and sends nothing. Returns the commit URL."""
+    folder = Path(folder)
+    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    api = HfApi(endpoint=endpoint, token=token)
+    branch = revision or "main"
+    if dry_run:
+        print(f"dry run: would create {'private' if private else 'public'} model repo {repo_id} (if missing) on "
+              f"{api.endpoint} and commit to branch {branch}:")  # fmt: skip
+        for path in paths:
+            size = (folder / path).stat().st_size
+            print(f"  {folder / path} -> {api.endpoint}/{repo_id}/blob/{branch}/{path} ({size} bytes)")
+        return None
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision is not None:
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=folder / path) for path in paths]
+    commit = api.create_commit(
+        repo_id, operations, commit_message="Upload model converted with transformers-xl", revision=revision
+    )
+    log(f"pushed {len(paths)} files to {commit.commit_url}")
+    return commit.commit_url
