@@ -122,7 +122,8 @@ def vocabulary_kind(path: str) -> str:
 
 
 def load_tokenizer(model_type: str, files: dict[str, str]):
-    """The tokenizer of a model type from the files found or given (None when there are none)."""
+    """The tokenizer of a model type from the files found or given (None when there are none). Files found in a
+    transformers folder load with their `tokenizer_config.json` settings; a lone file is read with the defaults."""
     kinds = [kind for kind in files if kind != SETTINGS_FILE]
     if not kinds:
         return None
@@ -132,13 +133,8 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
             f"A {model_type} model cannot use a {', '.join(wrong)} vocabulary; "
             f"expected one of {sorted(TOKENIZER_KINDS[model_type])}."
         )
-    settings = {}
-    if SETTINGS_FILE in files:
-        settings = json.loads(Path(files[SETTINGS_FILE]).read_text(encoding="utf-8"))
-        for key in ("tokenizer_class", "auto_map", "name_or_path", "tokenizer_file", "backend"):
-            settings.pop(key, None)
     if model_type == "transfo-xl":
-        from ..tokenization.tokenization_transfo_xl import TransfoXLTokenizer
+        from ..tokenization.tokenization_transfo_xl import TransfoXLTokenizer as tokenizer_class
 
         arguments = {
             "tokenizer.json": "tokenizer_file",
@@ -146,13 +142,16 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
             "vocab.bin": "pretrained_vocab_file_torch",
             "vocab.txt": "vocab_file",
         }
-        kind = next(k for k in arguments if k in files)
-        return TransfoXLTokenizer(**{arguments[kind]: files[kind]}, **settings)
-    from transformers import XLNetTokenizer
+    else:
+        from transformers import XLNetTokenizer as tokenizer_class
 
-    if "tokenizer.json" in files:
-        return XLNetTokenizer(tokenizer_file=files["tokenizer.json"], **settings)
-    return XLNetTokenizer(vocab=files["spiece.model"], **settings)
+        arguments = {"tokenizer.json": "tokenizer_file", "spiece.model": "vocab_file"}
+    if SETTINGS_FILE in files:
+        folder = Path(files[SETTINGS_FILE]).parent
+        if all(Path(files[kind]) == folder / kind for kind in kinds):
+            return tokenizer_class.from_pretrained(folder)
+    kind = next(kind for kind in arguments if kind in files)
+    return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
 
 
 def save_tokenizer(tokenizer, model_type: str, folder: Path):
