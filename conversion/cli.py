@@ -8,7 +8,10 @@ with the source before it appears.
 """
 
 import argparse
+import shlex
 from pathlib import Path
+
+from huggingface_hub.errors import HfHubHTTPError
 
 from .. import hub_configs
 from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
@@ -28,6 +31,16 @@ def read_source(args):
     from .hf_legacy import read_hf_legacy
 
     return read_hf_legacy(args.source, config=config)
+
+
+def command_line(args) -> str:
+    """The command as the model card records it (from the parsed options, so it is the same however it was run)."""
+    words = ["transformers-xl", "convert", args.source, args.output, "--from", args.source_format]
+    for option in ("config", "corpus_info", "task", "vocab", "max_shard_size"):
+        value = getattr(args, option)
+        if value is not None and not (option == "max_shard_size" and value == DEFAULT_MAX_SHARD_SIZE):
+            words += ["--" + option.replace("_", "-"), str(value)]
+    return shlex.join(words)
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -62,12 +75,12 @@ def run(args) -> int:
     try:
         converted = read_source(args)
         write_folder(
-            converted, output, force=args.force, vocab=args.vocab,
+            converted, output, force=args.force, vocab=args.vocab, command=command_line(args),
             max_shard_size=args.max_shard_size, tolerance=args.tolerance,
         )  # fmt: skip
         if args.push_to:
             push_folder(output, args.push_to, private=args.private, revision=args.revision, dry_run=args.dry_run)
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as error:
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError, HfHubHTTPError) as error:
         log(f"error: {error}")
         return 1
     return 0

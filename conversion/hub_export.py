@@ -9,7 +9,6 @@ failed or interrupted conversion leaves no OUTPUT behind (nor a half-replaced on
 
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -218,7 +217,7 @@ def write_folder(
     *,
     force: bool = False,
     vocab: str | None = None,
-    command: str | None = None,
+    command: str = "(Python API)",
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
@@ -235,7 +234,6 @@ def write_folder(
         raise ValueError(
             f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
         )
-    command = command or shlex.join(["transformers-xl", *sys.argv[1:]])
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))

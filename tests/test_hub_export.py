@@ -1,0 +1,236 @@
+"""The Hub folders: remote code from any save, loading where transformers_xl is not installed, atomic writes, the
+model card, and pushing (against a local endpoint that records the requests)."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import transformers_xl
+from transformers_xl import TransfoXLConfig, XLNetConfig
+from transformers_xl.cli import main
+from transformers_xl.conversion import hub_export
+from transformers_xl.conversion.remote_code import OWN_AUTO_CLASS
+
+LEGACY = Path(__file__).parent / "fixtures" / "hf_legacy"
+TINY_TXL = dict(vocab_size=30, cutoffs=[10, 20], d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32, n_layer=2,
+                div_val=2, mem_len=4)  # fmt: skip
+TINY_XLNET = dict(vocab_size=30, d_model=16, n_head=2, d_head=8, d_inner=32, n_layer=2, mem_len=4)
+
+
+def tiny(class_name):
+    config = TransfoXLConfig(**TINY_TXL, pad_token_id=0) if class_name.startswith("TransfoXL") else XLNetConfig(**TINY_XLNET)
+    torch.manual_seed(0)
+    return getattr(transformers_xl, class_name)(config).eval()
+
+
+@pytest.mark.parametrize("class_name", OWN_AUTO_CLASS)
+def test_save_pretrained_writes_remote_code_for_every_head(class_name, tmp_path):
+    tiny(class_name).save_pretrained(tmp_path)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    modeling = "modeling_transfo_xl" if class_name.startswith("TransfoXL") else "modeling_xlnet"
+    assert auto_map[OWN_AUTO_CLASS[class_name]] == f"{modeling}.{class_name}"
+    assert auto_map["AutoConfig"].startswith("configuration_")
+    for file_name in (f"{modeling}.py", "relative_attention.py", "memory_cache.py", "decoding_linear.py"):
+        assert (tmp_path / file_name).is_file()
+
+
+def test_a_subclass_does_not_ship_its_own_file(tmp_path):
+    class MyHead(transformers_xl.TransfoXLLMHeadModel):  # e.g. defined in a training script
+        pass
+
+    MyHead(TransfoXLConfig(**TINY_TXL)).save_pretrained(tmp_path)
+    assert not (tmp_path / "modeling_transfo_xl.py").exists() and not (tmp_path / Path(__file__).name).exists()
+    assert "TransfoXLLMHeadModel" not in json.dumps(json.loads((tmp_path / "config.json").read_text()).get("auto_map"))
+
+
+# --- loading where transformers_xl is not installed -------------------------------------------------------------
+
+NO_PLUGIN = r"""
+import importlib.abc, importlib.util, json, sys
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "transformers_xl":
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Blocker())
+import torch, transformers
+from safetensors.torch import load_file
+for folder, auto_class, expected_file in json.loads(sys.argv[1]):
+    model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model)
+    expected, mems = load_file(expected_file), None
+    with torch.no_grad():
+        for k in range(2):
+            out = model(expected[f"ids{k}"], mems=mems)
+            torch.testing.assert_close(out[0], expected[f"out{k}"], atol=1e-5, rtol=0)
+            mems = out.mems
+    if auto_class == "AutoModelForCausalLM" and "transfo" in model.config.model_type:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        assert tokenizer("the a of")["input_ids"] == expected["tokens"].tolist(), tokenizer("the a of")
+assert "transformers_xl" not in sys.modules
+print("loaded", len(json.loads(sys.argv[1])), "folders without transformers_xl")
+"""
+
+
+def test_folders_load_with_trust_remote_code_where_the_plugin_is_absent(tmp_path):
+    """Converted folders (Transformer-XL with its tokenizer, the XLNet SQuAD head) and a folder saved from user code
+    load through the code copied into them, in a python that cannot import transformers_xl."""
+    assert main(["convert", str(LEGACY / "transfo_xl_lm"), str(tmp_path / "txl"), "--from", "hf-legacy"]) == 0
+    assert main(["convert", str(LEGACY / "xlnet_squad"), str(tmp_path / "squad"), "--from", "hf-legacy"]) == 0
+    tiny("TransfoXLForSequenceClassification").save_pretrained(tmp_path / "classifier")
+    jobs = []
+    for name, auto_class in [("txl", "AutoModelForCausalLM"), ("squad", "AutoModelForQuestionAnswering"),
+                             ("classifier", "AutoModelForSequenceClassification")]:  # fmt: skip
+        model = getattr(transformers_xl, json.loads((tmp_path / name / "config.json").read_text())["architectures"][0])
+        model = model.from_pretrained(tmp_path / name).eval()
+        expected, mems = {}, None
+        with torch.no_grad():
+            for k in range(2):
+                expected[f"ids{k}"] = torch.randint(0, 28, (2, 5), generator=torch.Generator().manual_seed(k))
+                out = model(expected[f"ids{k}"], mems=mems)
+                expected[f"out{k}"], mems = out[0].contiguous(), out.mems
+        if name == "txl":
+            tokenizer = transformers_xl.TransfoXLTokenizer.from_pretrained(tmp_path / name)
+            expected["tokens"] = torch.tensor(tokenizer("the a of")["input_ids"])
+        save_file(expected, tmp_path / f"{name}.safetensors")
+        jobs.append((str(tmp_path / name), auto_class, str(tmp_path / f"{name}.safetensors")))
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", NO_PLUGIN, json.dumps(jobs)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loaded 3 folders" in result.stdout
+
+
+# --- atomic writes ----------------------------------------------------------------------------------------------
+
+
+def convert(source, output, *extra):
+    return main(["convert", str(source), str(output), "--from", "hf-legacy", *map(str, extra)])
+
+
+def test_existing_output_needs_force_and_is_then_replaced_whole(tmp_path, capsys):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "stale.txt").write_text("old")
+    assert convert(LEGACY / "xlnet_lm", output) == 1
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert {p.name for p in output.iterdir()} == {"stale.txt"}
+    assert convert(LEGACY / "xlnet_lm", output, "--force") == 0
+    assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
+    assert {p.name for p in tmp_path.iterdir()} == {"out"}  # nothing left beside it
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupted_conversion_leaves_nothing(failure, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise failure("stopped while writing the tokenizer")
+
+    monkeypatch.setattr(hub_export, "save_tokenizer", interrupted)
+    with pytest.raises(failure):
+        convert(LEGACY / "xlnet_lm", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_verification_leaves_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hub_export, "max_difference", lambda source, converted: 0.5)
+    from transformers_xl.conversion import hf_legacy
+
+    monkeypatch.setattr(hf_legacy, "max_difference", lambda source, converted: 0.5)
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out") == 1
+    assert "Verification failed" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_card_records_source_command_and_verification(tmp_path):
+    assert convert(LEGACY / "transfo_xl_lm", tmp_path / "out") == 0
+    card = huggingface_hub.ModelCard.load(tmp_path / "out" / "README.md")
+    assert card.data.library_name == "transformers" and "transformers-xl" in card.data.tags
+    assert "transfo_xl_lm" in card.data.converted_from and "--from hf-legacy" in card.data.conversion_command
+    assert card.data.verification["passed"] and card.data.verification["max_abs_diff"] <= 1e-4
+
+
+# --- pushing ----------------------------------------------------------------------------------------------------
+
+
+class RecordingHub(BaseHTTPRequestHandler):
+    """Answers the Hub API calls of a one-commit upload (huggingface_hub 2.x) and records them."""
+
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, status, body=None, headers=()):
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in headers:
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_HEAD(self):
+        self.requests.append(("HEAD", self.path, b""))
+        self._answer(404, headers=[("X-Error-Code", "EntryNotFound")])
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.requests.append(("POST", self.path, body))
+        endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        if self.path == "/api/repos/create":
+            request = json.loads(body)
+            repo_id = f"{request['organization']}/{request['name']}"
+            self._answer(200, {"url": f"{endpoint}/{repo_id}", "name": repo_id})
+        elif "/preupload/" in self.path:
+            files = json.loads(body)["files"]
+            self._answer(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                         for f in files]})  # fmt: skip
+        elif "/commit/" in self.path:
+            self._answer(200, {"commitUrl": f"{endpoint}/org/tiny/commit/abc123", "commitOid": "abc123"})
+        elif "/branch/" in self.path or self.path == "/api/validate-yaml":
+            self._answer(200, {})
+        else:
+            self._answer(404, {"error": "unexpected"})
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    RecordingHub.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    yield RecordingHub.requests
+    server.shutdown()
+
+
+def test_push_uploads_the_folder_in_one_commit(tmp_path, hub):
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--push-to", "org/tiny", "--private", "--revision", "v1") == 0
+    posts = [(method, path) for method, path, _ in hub]
+    assert posts[0] == ("POST", "/api/repos/create") and json.loads(hub[0][2])["visibility"] == "private"
+    assert ("POST", "/api/models/org/tiny/branch/v1") in posts
+    commits = [body for method, path, body in hub if "/commit/" in path]
+    assert len(commits) == 1 and "/commit/v1" in [p for _, p, b in hub if b is commits[0]][0]
+    lines = [json.loads(line) for line in commits[0].decode().splitlines()]
+    pushed = {line["value"]["path"] for line in lines if line["key"] == "file"}
+    assert pushed == {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"model.safetensors", "config.json", "modeling_xlnet.py", "README.md", "tokenizer.json"} <= pushed
+
+
+def test_dry_run_sends_nothing(tmp_path, hub, capsys):
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--push-to", "org/tiny", "--dry-run") == 0
+    assert hub == []
+    listing = capsys.readouterr().out
+    assert "org/tiny/blob/main/model.safetensors" in listing and "modeling_xlnet.py" in listing
