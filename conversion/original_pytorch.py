@@ -237,7 +237,7 @@ def our_names(tensors: dict, config: TransfoXLConfig) -> dict:
             state[name] = tensor.flip(0).contiguous()  # head column -i -> cutoffs[0] + i - 1
         elif name in ("r_w_bias", "r_r_bias") and config.untie_r:
             for i in range(config.n_layer):
-                state[f"transformer.layers.{i}.dec_attn.{name}"] = tensor
+                state[f"transformer.layers.{i}.dec_attn.{name}"] = tensor.clone()
         elif name.startswith("crit."):
             state[name] = tensor
         else:
