@@ -44,3 +44,49 @@ def test_xlnet_configs_build_the_same_parameters_as_transformers(name):
         our_shapes = {k: v.shape for k, v in XLNetLMHeadModel(ours).state_dict().items()}
         their_shapes = {k: v.shape for k, v in transformers.XLNetLMHeadModel(theirs).state_dict().items()}
     assert our_shapes == their_shapes
+
+
+# Parameters of each released checkpoint as our model builds it (tied tensors counted once), and the published figure
+# with the precision it was published at. Transformer-XL: the paper (Dai et al. 2019, Tables 1-4: enwik8 and text8
+# 277M, WikiText-103 large 257M, One Billion Word large 0.8B). XLNet: transformers' pretrained-model table (110M,
+# 340M). The WikiText-103 figure does not match the released checkpoint itself: its tensors (transformers' own
+# transfo-xl-wt103 file, counted in the test above) hold 285.2M parameters; we check against the file.
+RELEASED = {
+    "enwik8": (277_231_820, 277e6, 0.005),
+    "text8": (277_050_395, 277e6, 0.005),
+    "wt103": (285_205_322, 285_205_322, 0),
+    "transfo-xl-wt103": (285_205_322, 285_205_322, 0),
+    "lm1b": (841_354_862, 0.8e9, 0.0625),  # "0.8B": one significant digit
+    "xlnet-base-cased": (116_750_336, 110e6, 0.07),
+    "xlnet-large-cased": (360_300_800, 340e6, 0.07),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED))
+def test_every_released_config_builds_the_published_size(name):
+    exact, published, tolerance = RELEASED[name]
+    config = AutoConfig.from_pretrained(HUB_CONFIGS / name)
+    model_class = TransfoXLLMHeadModel if config.model_type == "transfo-xl" else XLNetLMHeadModel
+    with torch.device("meta"):
+        model = model_class(config)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == exact
+    assert abs(count - published) <= tolerance * published
+
+
+def test_the_original_transformer_xl_configs_follow_the_original_scripts():
+    """kimiyoung/transformer-xl tf/scripts/*_large_tpu.sh (model) and tf/sota/*.sh (evaluation lengths)."""
+    enwik8, wt103, lm1b = (AutoConfig.from_pretrained(HUB_CONFIGS / n) for n in ("enwik8", "wt103", "lm1b"))
+    assert (enwik8.n_layer, enwik8.d_model, enwik8.n_head, enwik8.d_head, enwik8.d_inner) == (24, 1024, 8, 128, 3072)
+    assert enwik8.cutoffs == [] and not enwik8.untie_r and (enwik8.mem_len, enwik8.clamp_len) == (3800, 1000)
+    assert wt103.tie_projs == [False, True, True, True] and wt103.untie_r and wt103.div_val == 4
+    assert lm1b.tie_projs == [False] * 4 and lm1b.cutoffs == [60000, 100000, 640000] and lm1b.d_head == 80
+    assert {c.layer_norm_epsilon for c in (enwik8, wt103, lm1b)} == {1e-12}  # the TF code's layer norm
+
+
+@pytest.mark.parametrize("name", ["enwik8", "wt103"])
+def test_convert_takes_released_configs_by_name(name):
+    from transformers_xl import hub_configs
+
+    assert hub_configs.config_path(name) == str(HUB_CONFIGS / name / "config.json")
+    assert hub_configs.config_path("some/file.json") == "some/file.json"
