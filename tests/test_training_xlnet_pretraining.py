@@ -8,9 +8,10 @@ Run: HF_HUB_OFFLINE=1 python -m pytest tests/test_training_xlnet_pretraining.py
 import numpy as np
 import pytest
 import torch
-from transformers import Trainer, TrainingArguments, XLNetTokenizer
+from transformers import TrainingArguments, XLNetTokenizer
 
 from transformers_xl import XLNetConfig, XLNetLMHeadModel
+from transformers_xl.training import MemoryTrainer
 from transformers_xl.training.xlnet_pretraining import XLNetPretrainingDataset, sample_spans
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"]  # XLNet's ids 0..8
@@ -263,48 +264,72 @@ def tiny_model(tokenizer, **overrides):
     return XLNetLMHeadModel(config)
 
 
-def test_step_t_attends_to_step_t_minus_1_reused_part_through_the_memory(tokenizer):
-    """Threading `mems` by hand over the ordered batches: after step t - 1 the newest `reuse_len` memory
-    positions are step t - 1's reused part (layer 0 keeps its embeddings), which step t's rows continue."""
-    data = dataset(tokenizer, bi_data=True)
-    model = tiny_model(tokenizer, bi_data=True).train()
-    mems, previous = None, None
-    for step, batch in enumerate(batches(data)[:4]):
-        out = model(**batch, mems=mems, use_mems=True)
-        out.loss.backward()
-        if previous is not None:
-            remembered = mems[0][-REUSE_LEN:].transpose(0, 1)  # [batch, reuse_len, d]
-            expected = model.transformer.word_embedding(previous["input_ids"][:, :REUSE_LEN])
-            assert torch.equal(remembered, expected)
-            forward = batch["input_ids"][:2, 0] - previous["input_ids"][:2, REUSE_LEN - 1]
-            assert (forward == 1).all()  # forward rows continue where the memory ends
-            backward = batch["input_ids"][2:, 0] - previous["input_ids"][2:, REUSE_LEN - 1]
-            assert (backward == -1).all()  # backward rows continue backwards
-            without_memory = model(**batch).logits
-            assert (out.logits - without_memory).abs().max() > 1e-5  # the memory is attended to
-        assert out.mems[0].shape[0] == min(2, step + 1) * REUSE_LEN  # only reuse_len positions per step, mem_len kept
-        mems, previous = out.mems, batch
+class Recorder:
+    """Per forward: the input ids, the mems fed (copied) and the embeddings of the reused part at that moment
+    (what layer 0 should remember, computed with the weights of that step)."""
+
+    def __init__(self, model):
+        self.calls = []
+        model.register_forward_pre_hook(self.record, with_kwargs=True)
+
+    def record(self, model, args, kwargs):
+        ids, mems = kwargs["input_ids"], kwargs.get("mems")
+        with torch.no_grad():
+            reused = model.transformer.word_embedding(ids[:, :REUSE_LEN])
+        self.calls.append({"input_ids": ids.clone(), "mems": None if mems is None else [m.clone() for m in mems],
+                           "reused": reused})  # fmt: skip
 
 
-def repeated_text(period=12, num_words=1600):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_memory_trainer_feeds_each_step_the_reused_part_of_the_step_before(tokenizer, tmp_path, accumulation):
+    """Under MemoryTrainer, step t's memory ends with step t - 1's reused part (only `reuse_len` positions enter
+    per step; layer 0 keeps their embeddings), step t's rows continue it, and each epoch starts empty."""
+    data = XLNetPretrainingDataset(sentences(200), tokenizer, seq_len=SEQ_LEN, reuse_len=REUSE_LEN, batch_size=4,
+                                   num_predict=NUM_PREDICT, bi_data=True)  # fmt: skip
+    assert data.num_steps == 5
+    model = tiny_model(tokenizer, bi_data=True, use_mems_train=True)
+    recorder = Recorder(model)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=accumulation,
+        num_train_epochs=2, learning_rate=1e-2, save_strategy="no", logging_strategy="no", report_to=[],
+        use_cpu=True, disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    MemoryTrainer(model=model, args=args, train_dataset=data).train()
+    assert len(recorder.calls) == 2 * data.num_steps and data.epoch == 1  # Trainer moved the dataset's epoch on
+    for epoch in range(2):
+        calls = recorder.calls[epoch * data.num_steps : (epoch + 1) * data.num_steps]
+        assert calls[0]["mems"] is None
+        for step in range(1, data.num_steps):
+            previous, current = calls[step - 1], calls[step]
+            mems = current["mems"]
+            assert len(mems) == 2 and mems[0].shape[0] == min(2, step) * REUSE_LEN  # mem_len = 2 * reuse_len
+            assert not any(m.requires_grad for m in mems)
+            assert torch.equal(mems[0][-REUSE_LEN:].transpose(0, 1), previous["reused"])
+            continues = current["input_ids"][:, 0] - previous["input_ids"][:, REUSE_LEN - 1]
+            assert continues.tolist() == [1, 1, -1, -1]  # forward rows, then the same rows read backwards
+
+
+def repeated_text(period=12, num_words=1600, shift=0):
     """A text that repeats every `period` words: masked words are predictable from their neighbours."""
-    ids = FIRST_WORD + np.arange(num_words) % period
+    ids = FIRST_WORD + (np.arange(num_words) + shift) % period
     return [part.tolist() for part in np.split(ids, np.arange(7, num_words, 7))]
 
 
-def test_tiny_model_loss_falls_under_trainer(tokenizer, tmp_path):
-    data = XLNetPretrainingDataset(
-        repeated_text(), tokenizer, seq_len=SEQ_LEN, reuse_len=REUSE_LEN, batch_size=4, num_predict=NUM_PREDICT,
-        bi_data=True,
-    )  # fmt: skip
-    model = tiny_model(tokenizer, bi_data=True)
+def test_tiny_model_loss_falls_under_memory_trainer_and_evaluation_runs(tokenizer, tmp_path):
+    settings = dict(seq_len=SEQ_LEN, reuse_len=REUSE_LEN, batch_size=4, num_predict=NUM_PREDICT, bi_data=True)
+    train = XLNetPretrainingDataset(repeated_text(), tokenizer, **settings)
+    evaluation = XLNetPretrainingDataset(repeated_text(num_words=400, shift=5), tokenizer, seed=1, **settings)
+    model = tiny_model(tokenizer, bi_data=True, use_mems_train=True)
     args = TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=4, learning_rate=3e-3,
-        train_sampling_strategy="sequential", dataloader_drop_last=True, logging_steps=10, save_strategy="no",
-        report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path), per_device_train_batch_size=4, per_device_eval_batch_size=4, num_train_epochs=4,
+        learning_rate=3e-3, logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        seed=0,
     )  # fmt: skip
-    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer = MemoryTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    before = trainer.evaluate()
     trainer.train()
+    after = trainer.evaluate()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    assert len(losses) >= 4
-    assert losses[-1] < 0.5 * losses[0], losses
+    assert len(losses) >= 4 and losses[-1] < 0.5 * losses[0], losses
+    assert after["eval_loss"] < 0.5 * before["eval_loss"], (before, after)
+    assert after["eval_perplexity"] == pytest.approx(np.exp(after["eval_loss"]), rel=1e-6)
