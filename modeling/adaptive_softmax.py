@@ -94,47 +94,66 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 self.out_layers.append(nn.Linear(dim, end - start))
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
 
-    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
-        """Logits of cluster `cluster`'s ids (for the head: plus the tail-cluster logits)."""
+    def _clusters(self):
+        """(weight, bias, projection or None) of every cluster, head first. With div_val 1 the one output layer is
+        split (not sliced per cluster: the gradient of a split is one concatenation, that of each slice a
+        zero-filled full-vocabulary tensor)."""
         if self.div_val == 1:
-            start, end = self.bounds[cluster]
-            weight = self.out_layers[0].weight[start:end]
-            bias = self.out_layers[0].bias[start:end]
+            sizes = [end - start for start, end in self.bounds]
+            weights, biases = self.out_layers[0].weight.split(sizes), self.out_layers[0].bias.split(sizes)
         else:
-            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
-        proj = self.out_projs[cluster]
-        if proj is not None:
-            hidden = hidden @ proj
-        logits = linear(hidden, weight, bias)
-        if cluster == 0 and len(self.bounds) > 1:  # the tail clusters' logits go after the head's own words
-            logits = torch.cat([logits, linear(hidden, self.cluster_weight, self.cluster_bias)], dim=-1)
-        return logits
+            weights, biases = [layer.weight for layer in self.out_layers], [layer.bias for layer in self.out_layers]
+        return list(zip(weights, biases, self.out_projs))
+
+    @staticmethod
+    def _logits(hidden, weight, bias, proj):
+        return linear(hidden if proj is None else hidden @ proj, weight, bias).float()
+
+    def _head(self, hidden, clusters):
+        """The head softmax's pieces, fp32: logits of the head words [N, cutoffs[0]], log p(tail cluster i | h)
+        [N, n_tails], and the head's log-normaliser [N]. The word and tail-cluster logits stay apart (the
+        normaliser combines their logsumexps), so no [N, head size] concatenation is made."""
+        weight, bias, proj = clusters[0]
+        hidden = hidden if proj is None else hidden @ proj
+        words = self._logits(hidden, weight, bias, None)
+        normaliser = words.logsumexp(-1)
+        if len(self.bounds) == 1:
+            return words, None, normaliser
+        tails = linear(hidden, self.cluster_weight, self.cluster_bias).float()
+        normaliser = torch.logaddexp(normaliser, tails.logsumexp(-1))
+        return words, tails - normaliser[:, None], normaliser
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32)."""
-        head = torch.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)
-        head_end = self.bounds[0][1]
-        pieces = [head[:, :head_end]]
+        """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32).
+
+        Each cluster's logits are turned into log-probabilities in place (logits - log-normaliser, plus the
+        cluster's own log-probability for a tail) and the clusters concatenated once."""
+        clusters = self._clusters()
+        words, tails, normaliser = self._head(hidden, clusters)
+        pieces = [words.sub_(normaliser[:, None])]
         for cluster in range(1, len(self.bounds)):
-            tail = torch.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
-            pieces.append(head[:, head_end + cluster - 1, None] + tail)
-        return torch.cat(pieces, dim=-1)
+            logits = self._logits(hidden, *clusters[cluster])
+            offset = logits.logsumexp(-1) - tails[:, cluster - 1]
+            pieces.append(logits.sub_(offset[:, None]))
+        return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32).
 
-        Each tail cluster's softmax is computed only for the rows whose target falls in it.
-        """
-        head = torch.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)
+        -log p(w) = normaliser - logit(w): only the normalisers (logsumexp) and the targets' logits are needed, never
+        the log-probabilities of the whole vocabulary. Each tail cluster's logits are computed only for the rows
+        whose target falls in it."""
+        clusters = self._clusters()
+        words, tails, normaliser = self._head(hidden, clusters)
         head_end = self.bounds[0][1]
         in_head = target < head_end
-        nll = -head.gather(1, target.clamp(max=head_end - 1)[:, None]).squeeze(1) * in_head
+        nll = (normaliser - words.gather(1, target.clamp(max=head_end - 1)[:, None]).squeeze(1)) * in_head
         for cluster in range(1, len(self.bounds)):
             start, end = self.bounds[cluster]
             rows = ((target >= start) & (target < end)).nonzero().squeeze(-1)
-            tail = torch.log_softmax(self._cluster_logits(hidden[rows], cluster).float(), dim=-1)
-            log_p = head[rows, head_end + cluster - 1] + tail.gather(1, (target[rows] - start)[:, None]).squeeze(1)
-            nll = nll.index_put((rows,), -log_p)
+            logits = self._logits(hidden[rows], *clusters[cluster])
+            log_p = logits.gather(1, (target[rows] - start)[:, None]).squeeze(1) - logits.logsumexp(-1)
+            nll = nll.index_put((rows,), -(tails[rows, cluster - 1] + log_p))
         return nll
 
 

@@ -130,15 +130,17 @@ class TransfoXLAttention(nn.Module):
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
-        """W_{k,R} R: [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole batch (copied
-        to rows per head: the scores read them once per query, far faster than through a strided view)."""
-        return self._heads(self.r_net(position_embedding)[None])[0].contiguous()
+        """W_{k,R} R / sqrt(D): [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole
+        batch, pre-scaled so that the shifted scores are the attention bias as they are (copied to rows per head:
+        the scores read them once per query, far faster than through a strided view)."""
+        keys = self.r_net(position_embedding) * self.d_head**-0.5
+        return self._heads(keys[None])[0].contiguous()
 
     def _position_scores(self, query, key_length, position_keys, r_r_bias):
-        """Terms (b)+(d) for every (query, key) pair, [B, H, q, k] (None for absolute attention types).
+        """Terms (b)+(d) for every (query, key) pair scaled by 1/sqrt(D), [B, H, q, k] (None for absolute types).
 
-        Row i of the unshifted scores lists distances k-1 ... 0; key j of query i is at distance (k - q + i) - j,
-        hence the shift offset q - 1."""
+        Row i of the unshifted scores lists distances k-1 ... 0 and one more, -1, which only future (masked) keys
+        read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
         offset = query.shape[2] - 1
         if self.attn_type == 0:
             return relative_position_scores(query, position_keys, r_r_bias, key_length, offset)
@@ -150,7 +152,7 @@ class TransfoXLAttention(nn.Module):
                 r_bias = torch.cat([r_bias[:1].expand(pad, -1), r_bias])
             r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
             scores = torch.matmul(query, r_emb.permute(1, 2, 0)) + r_bias.t()[:, None, :]
-            return relative_shift(scores, key_length, offset)
+            return relative_shift(F.pad(scores * self.d_head**-0.5, (0, 1)), key_length, offset)
         return None
 
     def forward(
@@ -390,11 +392,13 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             mask = mask | ~keep[:, None, None, :]
         return mask
 
-    def _position_embedding(self, key_length, dtype, device):
-        """Encodings of distances k-1 ... 0 (clamped at `clamp_len`), with dropout; None for learned schemes."""
+    def _position_embedding(self, highest, lowest, dtype, device):
+        """Encodings of distances highest ... lowest (clamped at `clamp_len`), with dropout; None for learned
+        schemes. Relative attention (type 0) uses k-1 ... -1 (see relative_shift), absolute positions (type 2)
+        k-1 ... 0."""
         if not hasattr(self, "pos_emb"):
             return None
-        positions = torch.arange(key_length - 1, -1, -1.0, device=device)
+        positions = torch.arange(highest, lowest - 1, -1.0, device=device)
         if self.config.clamp_len > 0:
             positions = positions.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(positions).to(dtype))
@@ -439,7 +443,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
         position_embedding = None
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
-            position_embedding = self._position_embedding(key_length, inputs_embeds.dtype, device)
+            lowest = -1 if config.attn_type == 0 else 0
+            position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
 
         if config.attn_type == 2:  # vanilla absolute positions: added to the segment and to layer 0's memory
             inputs_embeds = inputs_embeds + position_embedding[memory_length:]
@@ -485,7 +490,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         )
 
     def _position_keys(self, layer_idx, key_length, position_embedding, cache):
-        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... 0 (attn_type 0 only).
+        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... -1 (attn_type 0 only).
 
         With a cache whose projections are reusable, they come from its stored table: a step slices, not projects.
         """
@@ -495,11 +500,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         if cache is None:
             return attention.project_positions(position_embedding)
         dtype = attention.r_net.weight.dtype
+        device = attention.r_net.weight.device
         return cache.position_keys(
             layer_idx,
-            key_length,
-            0,
-            lambda span: attention.project_positions(self._position_embedding(span, dtype, attention.r_net.weight.device)),
+            key_length + 1,
+            -1,
+            lambda span: attention.project_positions(self._position_embedding(span - 2, -1, dtype, device)),
         )
 
 

@@ -214,7 +214,6 @@ class XLNetRelativeAttention(nn.Module):
             mask=mask,
             dropout=self.attention_dropout if self.training else 0.0,
             output_attentions=output_attentions,
-            score_bias_scale=1.0,
         )
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

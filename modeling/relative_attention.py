@@ -35,15 +35,22 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
     """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
 
     Row i of `position_scores` [..., q, R] holds the scores of query i against the R relative distances listed in
-    decreasing order. Shifting row i left by i is a strided view (stride R-1 between rows, start `offset`), so no
-    copy, pad or gather is needed (the "skewing" trick of Dai et al. App. B / Huang et al. 2018). Transformer-XL
-    uses `offset = q - 1` (distances k-1 ... 0); XLNet `offset = q` (distances k ... -q+1). Entries that would
-    read past the end of row i belong to future keys, which the causal mask removes.
+    decreasing order. Shifting row i left by i is a view (the "skewing" trick of Dai et al. App. B / Huang et al.
+    2018): flattened, element (i, j) sits at `i (R - 1) + j + offset`, so the shifted scores are the flat scores
+    from `offset` on, read in rows of R - 1, first `key_length` columns. No copy, pad or gather, and only plain
+    views, which autograd and torch.compile handle like any slice. It needs `offset <= q` and `key_length < R`
+    (one distance more than keys): Transformer-XL lists distances k-1 ... -1 (`offset = q - 1`), XLNet k ... -q+1
+    or k ... 0 (`offset = q`). Entries that read the next row's start belong to future keys, which are masked.
     """
-    scores = position_scores.contiguous()
-    *batch_strides, row_stride, _ = scores.stride()
-    shape = (*scores.shape[:-1], key_length)
-    return scores.as_strided(shape, (*batch_strides, row_stride - 1, 1), scores.storage_offset() + offset)
+    *batch, length, distances = position_scores.shape
+    if key_length >= distances or not 0 <= offset <= length:
+        raise ValueError(
+            f"relative_shift: {distances} distances cannot be shifted to {key_length} keys with offset {offset} for "
+            f"{length} queries; expected key_length < distances and 0 <= offset <= queries."
+        )
+    flat = position_scores.reshape(*batch, length * distances)
+    rows = flat[..., offset : offset + length * (distances - 1)].view(*batch, length, distances - 1)
+    return rows[..., :key_length]
 
 
 def relative_position_scores(
@@ -53,11 +60,12 @@ def relative_position_scores(
     key_length: int,
     offset: int,
 ) -> torch.Tensor:
-    """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [..., q, key_length], unscaled.
+    """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [..., q, key_length].
 
     - query [..., H, q, d]; position_bias (v) [H, d] or None;
     - position_keys [..., H, R, d]: `W_kR R` for the R relative distances in decreasing order, projected once for the
-      whole batch (leading dims broadcast against the query's, e.g. [H, R, d] for every row, or one set per group);
+      whole batch (leading dims broadcast against the query's, e.g. [H, R, d] for every row, or one set per group),
+      and pre-scaled by 1/sqrt(d) if the scores are to be (`relative_attention` takes scaled score biases);
     - key_length, offset: as in `relative_shift`.
     """
     if position_bias is not None:
@@ -82,45 +90,46 @@ def relative_attention(
     mask: torch.Tensor | None = None,
     dropout: float = 0.0,
     output_attentions: bool = False,
-    score_bias_scale: float | None = None,
 ):
-    """softmax(((q + u) k^T + score_bias) / sqrt(d)) v, with masked pairs removed.
+    """softmax((q + u) k^T / sqrt(d) + score_bias) v, with masked pairs removed.
 
     - query [B, H, q, d], key / value [B, H, k, d]; content_bias (u) [H, d] or None;
-    - score_bias: the unscaled position terms (b)+(d), already shifted, plus any other term (XLNet's segment
-      term), broadcastable to [B, H, q, k], or None;
-    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None;
-    - score_bias_scale: the factor applied to score_bias, default 1/sqrt(d). Pass 1.0 for a bias that is already
-      scaled (e.g. position scores of pre-scaled position keys): without a mask it then reaches the kernel as it is,
-      the strided view of `relative_shift` included, so the [B, H, q, k] bias is never copied.
+    - score_bias: the position terms (b)+(d), already shifted and scaled by 1/sqrt(d) (scale the position keys
+      once instead of the scores every time), plus any other term (XLNet's segment term), broadcastable to
+      [B, H, q, k], or None;
+    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None.
 
-    The default path is torch's fused `scaled_dot_product_attention` with the scaled score bias as its float mask;
-    `output_attentions=True` takes the eager path, which also returns the probabilities. Both give the same
-    numbers. Masked scores get the dtype's most negative finite value rather than -inf, so a fully masked query
-    row (a padding position) yields finite output instead of NaN.
+    Without gradients the scores go through torch's fused `scaled_dot_product_attention` with the bias as its float
+    mask (without a mask the shifted view itself, never copied). With gradients, or `output_attentions=True`, the
+    scores are computed explicitly: the fused CPU kernel cannot return a gradient for a float mask, and torch's
+    fallback for one that needs it is several times slower and stores more. Both give the same numbers. Masked
+    scores get the dtype's most negative finite value rather than -inf, so a fully masked query row (a padding
+    position) yields finite output instead of NaN.
     """
     scale = query.shape[-1] ** -0.5
     if content_bias is not None:
         query = query + content_bias[:, None, :].to(query.dtype)
-    bias = None
-    if score_bias is not None:
-        bias = score_bias.to(query.dtype)
-        factor = scale if score_bias_scale is None else score_bias_scale
-        if factor != 1.0:
-            bias = bias * factor
-    if mask is not None:
-        if bias is None:
-            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-        bias = bias.masked_fill(mask, torch.finfo(query.dtype).min)
-    if not output_attentions:
+    bias = None if score_bias is None else score_bias.to(query.dtype)
+    lowest = torch.finfo(query.dtype).min
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, bias)
+    )
+    if not (output_attentions or needs_grad):
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device) if bias is None else bias
+            bias = bias.masked_fill(mask, lowest)
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scale)
         return output, None
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    # One [B, H, q, k] score tensor, updated in place: the bias and the mask cost a pass each, and what autograd
+    # keeps is the probabilities (for the softmax and the value products), nothing else of that size.
+    scores = torch.matmul(query * scale, key.transpose(-1, -2))
     if bias is not None:
-        scores = scores + bias
+        scores = scores.add_(bias)
+    if mask is not None:
+        scores = scores.masked_fill_(mask, lowest)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     output = torch.matmul(F.dropout(probs, p=dropout, training=dropout > 0), value)
-    return output, probs
+    return output, probs if output_attentions else None
 
 
 def causal_memory_mask(
