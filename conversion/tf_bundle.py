@@ -164,7 +164,8 @@ class TFCheckpoint:
             pos += value_length
 
     def _read_index(self, file_name: str):
-        if len(self._index) < FOOTER_SIZE or struct.unpack_from("<Q", self._index, len(self._index) - 8)[0] != TABLE_MAGIC:
+        size = len(self._index)
+        if size < FOOTER_SIZE or struct.unpack_from("<Q", self._index, size - 8)[0] != TABLE_MAGIC:
             raise CheckpointError(
                 f"TF checkpoint: {file_name} is truncated or not a TF checkpoint index (no table footer)"
             )
@@ -219,12 +220,12 @@ class TFCheckpoint:
             )
         with open(self.shard_paths[entry.shard], "rb") as f:
             f.seek(entry.offset)
-            data = bytearray(f.read(entry.size))
-        if entry.crc32c is not None and google_crc32c.value(bytes(data)) != _unmask(entry.crc32c):
+            data = f.read(entry.size)
+        if entry.crc32c is not None and google_crc32c.value(data) != _unmask(entry.crc32c):
             raise CheckpointError(f"TF checkpoint: {name!r} is corrupt (checksum mismatch)")
         if not data:
             return torch.empty(entry.shape, dtype=dtype)
-        return torch.frombuffer(data, dtype=dtype).reshape(entry.shape)
+        return torch.frombuffer(bytearray(data), dtype=dtype).reshape(entry.shape)  # a writable copy
 
 
 def checkpoint_prefix(source: str | os.PathLike) -> str:

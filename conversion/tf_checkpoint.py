@@ -44,15 +44,24 @@ VOCABULARY_FILES = ("spiece.model", "vocab.txt", "vocab.pkl")
 
 @dataclass(frozen=True)
 class Variable:
-    """One TF variable and where it goes: `targets` get it as is ("copy", every target the same tensor), its
-    transpose ("transpose": dense kernels [in, out] -> weights [out, in], projections), its slices along dim 0
-    ("per_layer": one per target), or rows `row_offset...` of the single target ("rows")."""
+    """One TF variable and where it goes: `targets` get it as is ("copy"; several targets are tied weights and share
+    the one tensor), its transpose ("transpose": dense kernels [in, out] -> weights [out, in], projections; tied
+    targets share it too), a copy each ("every_layer": a bias the original shares across layers), its slices along
+    dim 0 ("per_layer": one per target), or rows `row_offset...` of the single target ("rows")."""
 
     name: str
     shape: tuple[int, ...]
     targets: tuple[str, ...]
     transform: str = "copy"
     row_offset: int = 0
+
+
+def _dense(name, shape, ours, bias=True):
+    """A TF dense layer `name/{kernel,bias}` [in, out] -> our nn.Linear `ours.{weight,bias}`."""
+    table = [Variable(f"{name}/kernel", shape, (f"{ours}.weight",), "transpose")]
+    if bias:
+        table.append(Variable(f"{name}/bias", shape[-1:], (f"{ours}.bias",)))
+    return table
 
 
 def _read_json(path_or_dict, what):
@@ -112,9 +121,11 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
         tensor = checkpoint.read(variable.name)
         tensor = tensor.float() if tensor.is_floating_point() else tensor
         if variable.transform == "transpose":
-            tensor = tensor.t()
+            tensor = tensor.t().contiguous()
         if variable.transform == "per_layer":
-            pieces = tensor.unbind(0)
+            pieces = [piece.clone() for piece in tensor.unbind(0)]
+        elif variable.transform == "every_layer":
+            pieces = [tensor.clone() for _ in variable.targets]
         else:
             pieces = [tensor] * len(variable.targets)
         for target, piece in zip(variable.targets, pieces):
@@ -122,12 +133,13 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
                 buffer = state.setdefault(target, torch.empty(expected[target]))
                 buffer[variable.row_offset : variable.row_offset + piece.shape[0]] = piece
             else:
-                state[target] = piece.contiguous()
+                state[target] = piece
     wrong = {k: tuple(v.shape) for k, v in state.items() if expected.get(k) != tuple(v.shape)}
     if wrong or state.keys() != expected.keys():
         raise AssertionError(  # a bug in the tables, not bad input
-            f"TF conversion table out of step with {model_class.__name__}: missing {sorted(expected.keys() - state.keys())}, "
-            f"extra {sorted(state.keys() - expected.keys())}, mis-shaped {wrong}"
+            f"TF conversion table out of step with {model_class.__name__}: "
+            f"missing {sorted(expected.keys() - state.keys())}, extra {sorted(state.keys() - expected.keys())}, "
+            f"mis-shaped {wrong}"
         )
     return state
 
@@ -232,7 +244,9 @@ def _corpus_info(corpus_info):
     data = _read_json(corpus_info, "--corpus-info")
     size, cutoffs = data.get("vocab_size"), data.get("cutoffs")
     if not isinstance(size, int) or not isinstance(cutoffs, list):
-        raise ValueError("--corpus-info: expected {\"vocab_size\": int, \"cutoffs\": [0, ..., vocab_size]} as data_utils.py writes it")
+        raise ValueError(
+            '--corpus-info: expected {"vocab_size": int, "cutoffs": [0, ..., vocab_size]} as data_utils.py writes it'
+        )
     if cutoffs and (cutoffs[0] != 0 or cutoffs[-1] != size):
         raise ValueError(f"--corpus-info: cutoffs {cutoffs} must start at 0 and end at vocab_size {size}")
     return size, list(cutoffs[1:-1])
@@ -254,15 +268,11 @@ def _txl_table(spec):
     inner = heads[0] * heads[1]
     for i in range(n_layer):
         scope, ours = f"{t}layer_{i}/", f"transformer.layers.{i}."
-        table += [
-            Variable(scope + "rel_attn/qkv/kernel", (d_model, 3 * inner), (ours + "dec_attn.qkv_net.weight",), "transpose"),
-            Variable(scope + "rel_attn/r/kernel", (d_model, inner), (ours + "dec_attn.r_net.weight",), "transpose"),
-            Variable(scope + "rel_attn/o/kernel", (inner, d_model), (ours + "dec_attn.o_net.weight",), "transpose"),
-            Variable(scope + "ff/layer_1/kernel", (d_model, d_inner), (ours + "pos_ff.CoreNet.0.weight",), "transpose"),
-            Variable(scope + "ff/layer_1/bias", (d_inner,), (ours + "pos_ff.CoreNet.0.bias",)),
-            Variable(scope + "ff/layer_2/kernel", (d_inner, d_model), (ours + "pos_ff.CoreNet.3.weight",), "transpose"),
-            Variable(scope + "ff/layer_2/bias", (d_model,), (ours + "pos_ff.CoreNet.3.bias",)),
-        ]
+        table += _dense(scope + "rel_attn/qkv", (d_model, 3 * inner), ours + "dec_attn.qkv_net", bias=False)
+        table += _dense(scope + "rel_attn/r", (d_model, inner), ours + "dec_attn.r_net", bias=False)
+        table += _dense(scope + "rel_attn/o", (inner, d_model), ours + "dec_attn.o_net", bias=False)
+        table += _dense(scope + "ff/layer_1", (d_model, d_inner), ours + "pos_ff.CoreNet.0")
+        table += _dense(scope + "ff/layer_2", (d_inner, d_model), ours + "pos_ff.CoreNet.3")
         for tf_scope, norm in (("rel_attn", "dec_attn.layer_norm"), ("ff", "pos_ff.layer_norm")):
             table.append(Variable(f"{scope}{tf_scope}/LayerNorm/gamma", (d_model,), (f"{ours}{norm}.weight",)))
             table.append(Variable(f"{scope}{tf_scope}/LayerNorm/beta", (d_model,), (f"{ours}{norm}.bias",)))
@@ -286,7 +296,8 @@ def _txl_adaptive_table(spec):
         if dim != d_model or (div_val > 1 and spec["proj_same_dim"]):
             table.append(Variable(name, (dim, d_model), tuple(targets), "transpose"))
         elif div_val > 1:  # with div_val 1 ours has no projection either
-            computed.update({target: torch.eye(d_model) for target in targets})
+            identity = torch.eye(d_model)  # one tensor: the targets are tied
+            computed.update({target: identity for target in targets})
 
     if div_val == 1:
         table.append(Variable(t + "adaptive_embed/lookup_table", (spec["n_token"], d_embed),
@@ -311,14 +322,17 @@ def _txl_adaptive_table(spec):
             table.append(Variable(scope + "b", (size,), (f"{crit}out_layers.{i}.bias",)))
         if not tie_projs[i]:
             projection(scope + "proj", d_embed // div_val**i, [f"{crit}out_projs.{i}"])
-    table.append(Variable(t + "adaptive_softmax/cutoff_0/cluster_W", (len(ends) - 2, d_embed), (f"{crit}cluster_weight",)))
-    table.append(Variable(t + "adaptive_softmax/cutoff_0/cluster_b", (len(ends) - 2,), (f"{crit}cluster_bias",)))
+    head = t + "adaptive_softmax/cutoff_0/"
+    table.append(Variable(head + "cluster_W", (len(ends) - 2, d_embed), (f"{crit}cluster_weight",)))
+    table.append(Variable(head + "cluster_b", (len(ends) - 2,), (f"{crit}cluster_bias",)))
     return table, computed
 
 
 def _read_transfo_xl(checkpoint, config, corpus_info):
     if config is None:
-        raise ValueError("--config is required for a Transformer-XL TF checkpoint (train_gpu.py flags or a config.json)")
+        raise ValueError(
+            "--config is required for a Transformer-XL TF checkpoint (train_gpu.py flags or a config.json)"
+        )
     ours, spec = _txl_spec(config, corpus_info)
     table, computed = _txl_table(spec)
     state = _assemble(checkpoint, table, TransfoXLLMHeadModel, ours, computed)
@@ -448,14 +462,6 @@ def _unused_head_scopes(names, task, kind):
     return tuple(scopes)
 
 
-def _dense(name, shape, ours, bias=True):
-    """A TF dense layer `name/{kernel,bias}` [in, out] -> our nn.Linear `ours.{weight,bias}`."""
-    table = [Variable(f"{name}/kernel", shape, (f"{ours}.weight",), "transpose")]
-    if bias:
-        table.append(Variable(f"{name}/bias", shape[-1:], (f"{ours}.bias",)))
-    return table
-
-
 def _xlnet_table(config, untie_r, kind, task, names):
     """TF names of zihangdai modeling.py / function_builder.py -> our head model's names, and computed tensors."""
     t, d, n_layer = "model/transformer/", config.d_model, config.n_layer
@@ -473,7 +479,7 @@ def _xlnet_table(config, untie_r, kind, task, names):
         if untie_r:
             table.append(Variable(t + bias, (n_layer, *heads), targets, "per_layer"))
         else:  # one bias shared by every layer: a copy in each
-            table.append(Variable(t + bias, heads, targets))
+            table.append(Variable(t + bias, heads, targets, "every_layer"))
     table.append(Variable(t + "seg_embed", (n_layer, 2, *heads),
                           tuple(f"transformer.layer.{i}.rel_attn.seg_embed" for i in range(n_layer)), "per_layer"))
     for i in range(n_layer):
@@ -565,8 +571,8 @@ def _compare_xlnet(model, spec, head, prefix) -> float:
     model.eval()
     if head["kind"] == "lm":
         segments = [_sample_ids(vocab, (2, length), seed) for seed in (0, 1)]
-        expected = tf_reference.run_xlnet(spec, [head], [{"input_ids": s.t().numpy().astype("int32")} for s in segments],
-                                          checkpoint=prefix)
+        feeds = [{"input_ids": s.t().numpy().astype("int32")} for s in segments]
+        expected = tf_reference.run_xlnet(spec, [head], feeds, checkpoint=prefix)
         difference, mems = 0.0, None
         with torch.no_grad():
             for segment, reference in zip(segments, expected):

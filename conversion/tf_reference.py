@@ -463,7 +463,8 @@ def _xlnet_heads(output, table, heads, inputs):
             summary["pooled"] = xlnet_summary(output, head.get("use_proj", True))
         pooled = summary["pooled"]
         if kind == "classification":
-            results[f"classification_{head['task']}"] = xlnet_classification_logits(pooled, head["n_class"], head["task"])
+            logits = xlnet_classification_logits(pooled, head["n_class"], head["task"])
+            results[f"classification_{head['task']}"] = logits
         elif kind == "regression":
             results[f"regression_{head['task']}"] = xlnet_regression_logits(pooled, head["task"])
         elif kind == "race":

@@ -149,7 +149,8 @@ class TransfoXLConfig(PreTrainedConfig):
             fail("cutoffs", self.cutoffs, f"strictly increasing integers in (0, vocab_size={self.vocab_size})")
         if len(self.tie_projs) != len(self.cutoffs) + 1:
             fail("tie_projs", self.tie_projs, f"one boolean per cluster ({len(self.cutoffs) + 1})")
-        if self.same_length_span is not None and (not isinstance(self.same_length_span, int) or self.same_length_span < 1):
+        span = self.same_length_span
+        if span is not None and (not isinstance(span, int) or span < 1):
             fail("same_length_span", self.same_length_span, "null or a positive integer")
         if not isinstance(self.div_val, int) or self.div_val < 1:
             fail("div_val", self.div_val, "an integer >= 1")

@@ -148,7 +148,8 @@ def test_source_may_be_a_prefix_an_index_file_or_a_folder_whose_state_file_names
         assert all(torch.equal(converted.state_dict[k], v) for k, v in by_folder.items())
     # The state file of a training run names absolute paths of the machine that trained.
     (folder / "checkpoint").write_text('model_checkpoint_path: "/cluster/run7/model.ckpt-1000"\n')
-    assert read_tf_checkpoint(folder, folder / "train_flags.json", folder / "corpus-info.json").state_dict.keys() == by_folder.keys()
+    converted = read_tf_checkpoint(folder, folder / "train_flags.json", folder / "corpus-info.json")
+    assert converted.state_dict.keys() == by_folder.keys()
     (folder / "checkpoint").write_text('model_checkpoint_path: "/cluster/run7/model.ckpt-2000"\n')
     with pytest.raises(CheckpointError, match=r"names '/cluster/run7/model.ckpt-2000', which is neither there nor in"):
         read_tf_checkpoint(folder, folder / "train_flags.json", folder / "corpus-info.json")
@@ -175,7 +176,8 @@ def test_truncated_or_corrupt_files_are_reported(tmp_path):
     data = folder / "model.ckpt-1000.data-00000-of-00001"
     original = data.read_bytes()
     data.write_bytes(original[: len(original) // 2])
-    with pytest.raises(CheckpointError, match=r"model.ckpt-1000.data-00000-of-00001 is truncated \(\d+ bytes; variable '.+' needs bytes"):
+    truncated = r"model.ckpt-1000.data-00000-of-00001 is truncated \(\d+ bytes; variable '.+' needs bytes"
+    with pytest.raises(CheckpointError, match=truncated):
         read_tf_checkpoint(*args)
     corrupt = bytearray(original)
     corrupt[len(corrupt) // 2] ^= 0xFF
@@ -206,24 +208,28 @@ def test_missing_unknown_and_mis_shaped_variables_are_all_named():
         read_tf_checkpoint(folder, flags_with("txl_div1", n_layer=3), corpus)
     assert "missing variable transformer/layer_2/rel_attn/qkv/kernel (expected shape [8, 24])" in str(error.value)
     assert "variable transformer/r_w_bias has shape [2, 2, 4]; the config expects [3, 2, 4]" in str(error.value)
-    with pytest.raises(ValueError, match=r"unknown variable transformer/layer_1/rel_attn/qkv/kernel \[8, 24\] maps to no parameter"):
+    unknown = r"unknown variable transformer/layer_1/rel_attn/qkv/kernel \[8, 24\] maps to no parameter"
+    with pytest.raises(ValueError, match=unknown):
         read_tf_checkpoint(folder, flags_with("txl_div1", n_layer=1), corpus)
-    with pytest.raises(ValueError, match=r"variable transformer/layer_0/ff/layer_1/kernel has shape \[8, 16\]; the config expects \[8, 12\]"):
+    shape = r"variable transformer/layer_0/ff/layer_1/kernel has shape \[8, 16\]; the config expects \[8, 12\]"
+    with pytest.raises(ValueError, match=shape):
         read_tf_checkpoint(folder, flags_with("txl_div1", d_inner=12), corpus)
     # div_val 1 checkpoint read as div_val 2: the cluster tables are missing, the single table is unknown.
-    with pytest.raises(ValueError, match=r"(?s)missing variable transformer/adaptive_embed/cutoff_0/lookup_table.*unknown variable transformer/adaptive_embed/lookup_table"):
+    both = r"(?s)missing variable transformer/adaptive_embed/cutoff_0/.*unknown variable transformer/adaptive_embed/"
+    with pytest.raises(ValueError, match=both):
         read_tf_checkpoint(folder, flags_with("txl_div1", div_val=2), corpus)
 
 
 def test_checkpoint_of_the_wrong_kind_or_of_neither():
     txl, xlnet = txl_args("txl_div1"), xlnet_args("xlnet_lm")
-    with pytest.raises(ValueError, match=r"--config is a 'xlnet' config, but the checkpoint is a Transformer-XL checkpoint"):
+    with pytest.raises(ValueError, match=r"--config is a 'xlnet' config, but the checkpoint is a Transformer-XL"):
         read_tf_checkpoint(txl[0], {"model_type": "xlnet"}, txl[2])
     with pytest.raises(ValueError, match=r"--config: expected the keys of xlnet_config.json .*missing \['n_token'"):
         read_tf_checkpoint(xlnet[0], flags_with("txl_div1"))
     with pytest.raises(ValueError, match=r"--corpus-info applies to Transformer-XL checkpoints; this is an XLNet"):
         read_tf_checkpoint(*xlnet, corpus_info=txl[2])
-    with pytest.raises(ValueError, match=r"neither a Transformer-XL .* nor an XLNet checkpoint .*; it holds bert/embeddings/word_embeddings"):
+    neither = r"neither a Transformer-XL .* nor an XLNet checkpoint .*; it holds bert/embeddings/word_embeddings"
+    with pytest.raises(ValueError, match=neither):
         read_tf_checkpoint(FIXTURES / "not_a_model", txl[1], txl[2])
 
 
@@ -233,17 +239,19 @@ def test_bad_configs():
         read_tf_checkpoint(folder, flags_with("txl_div1", n_layers=2), corpus)
     with pytest.raises(ValueError, match=r"--corpus-info is required with original training flags"):
         read_tf_checkpoint(folder, flags)
-    with pytest.raises(ValueError, match=r"--corpus-info: cutoffs \[0, 20, 30\] must start at 0 and end at vocab_size 40"):
+    with pytest.raises(ValueError, match=r"--corpus-info: cutoffs \[0, 20, 30\] must start at 0 and end at vocab_size"):
         read_tf_checkpoint(folder, flags, {"vocab_size": 40, "cutoffs": [0, 20, 30]})
     with pytest.raises(ValueError, match=r"--config: .*missing\.json does not exist"):
         read_tf_checkpoint(folder, folder / "missing.json", corpus)
     with pytest.raises(ValueError, match=r"div_val=2 without cutoffs"):
-        read_tf_checkpoint(FIXTURES / "txl_no_cutoffs", flags_with("txl_no_cutoffs", div_val=2), txl_args("txl_no_cutoffs")[2])
+        no_cutoffs, _, no_cutoffs_corpus = txl_args("txl_no_cutoffs")
+        read_tf_checkpoint(no_cutoffs, flags_with("txl_no_cutoffs", div_val=2), no_cutoffs_corpus)
     xlnet_folder, xlnet_config = xlnet_args("xlnet_lm")
     config = json.loads(xlnet_config.read_text())
     with pytest.raises(ValueError, match=r"ff_activation 'swish'; the original XLNet has 'gelu' or 'relu'"):
         read_tf_checkpoint(xlnet_folder, {**config, "ff_activation": "swish"})
-    with pytest.raises(ValueError, match=r"variable model/transformer/word_embedding/lookup_table has shape \[40, 8\]; the config expects \[50, 8\]"):
+    shape = r"model/transformer/word_embedding/lookup_table has shape \[40, 8\]; the config expects \[50, 8\]"
+    with pytest.raises(ValueError, match=shape):
         read_tf_checkpoint(xlnet_folder, {**config, "n_token": 50})
 
 
@@ -254,13 +262,15 @@ def test_a_transformers_config_converts_like_the_training_flags():
     from_config = read_tf_checkpoint(folder, config)
     assert from_config.config.layer_norm_epsilon == 1e-12 and from_config.config.zero_initial_mems  # TF numerics
     assert all(torch.equal(from_config.state_dict[k], v) for k, v in from_flags.state_dict.items())
-    with pytest.raises(ValueError, match=r"--corpus-info says vocab_size 40, cutoffs \[20, 30\]; --config says 40, \[20\]"):
+    mismatch = r"--corpus-info says vocab_size 40, cutoffs \[20, 30\]; --config says 40, \[20\]$"
+    with pytest.raises(ValueError, match=mismatch):
         read_tf_checkpoint(folder, {**config, "cutoffs": [20], "tie_projs": [False, True]}, corpus)
 
 
 def test_xlnet_head_choice():
     folder, config = xlnet_args("xlnet_glue")
-    with pytest.raises(ValueError, match=r"several heads: 'mnli' \(classification\), 'sts-b' \(regression\); choose one with --task"):
+    several = r"several heads: 'mnli' \(classification\), 'sts-b' \(regression\); choose one with --task"
+    with pytest.raises(ValueError, match=several):
         read_tf_checkpoint(folder, config)
     with pytest.raises(ValueError, match=r"--task 'qnli': the checkpoint holds no such head; heads found: 'mnli'"):
         read_tf_checkpoint(folder, config, task="qnli")
