@@ -16,6 +16,7 @@ import importlib.util
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -144,13 +145,18 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
     return state
 
 
-def _tensorflow_available() -> bool:
-    return importlib.util.find_spec("tensorflow") is not None
-
-
-def _beside(prefix: str) -> dict[str, str]:
-    folder = Path(prefix).parent
-    return {name: str(folder / name) for name in VOCABULARY_FILES if (folder / name).is_file()}
+def _converted(checkpoint, model_class, config, state, described, compare) -> ConvertedCheckpoint:
+    """The result, with `compare(model)` (runs the original graph) only where TensorFlow is installed and with the
+    vocabulary files found beside the checkpoint (the released XLNet zips put spiece.model there)."""
+    folder = Path(checkpoint.prefix).parent
+    return ConvertedCheckpoint(
+        model_class=model_class,
+        config=config,
+        state_dict=state,
+        source=f"TF checkpoint {Path(checkpoint.prefix).name} ({described})",
+        compare_with_source=compare if importlib.util.find_spec("tensorflow") is not None else None,
+        tokenizer_files={name: str(folder / name) for name in VOCABULARY_FILES if (folder / name).is_file()},
+    )
 
 
 # ----- Transformer-XL --------------------------------------------------------------------------------------------
@@ -337,17 +343,9 @@ def _read_transfo_xl(checkpoint, config, corpus_info):
     table, computed = _txl_table(spec)
     state = _assemble(checkpoint, table, TransfoXLLMHeadModel, ours, computed)
 
-    def compare_with_source(model) -> float:
-        return _compare_transfo_xl(model, spec, checkpoint.prefix)
-
-    return ConvertedCheckpoint(
-        model_class=TransfoXLLMHeadModel,
-        config=ours,
-        state_dict=state,
-        source=f"TF checkpoint {Path(checkpoint.prefix).name} (Transformer-XL, kimiyoung/transformer-xl)",
-        compare_with_source=compare_with_source if _tensorflow_available() else None,
-        tokenizer_files=_beside(checkpoint.prefix),
-    )
+    compare = partial(_compare_transfo_xl, spec=spec, prefix=checkpoint.prefix)
+    described = "Transformer-XL, kimiyoung/transformer-xl"
+    return _converted(checkpoint, TransfoXLLMHeadModel, ours, state, described, compare)
 
 
 def _sample_ids(vocab_size, shape, seed=0):
@@ -542,24 +540,16 @@ def _read_xlnet(checkpoint, config, task):
     model_class = XLNET_CLASSES[kind]
     ours.architectures = [model_class.__name__]
     table, computed = _xlnet_table(ours, untie_r, kind, task, names)
-    state = _assemble(checkpoint, table, model_class, ours, computed, ignored=_unused_head_scopes(names, task, kind))
+    ignored = _unused_head_scopes(names, task, kind)
+    state = _assemble(checkpoint, table, model_class, ours, computed, ignored=ignored)
     head = {"kind": kind, "task": task, "n_class": ours.num_labels, "num_choices": 2,
             "use_proj": ours.summary_use_proj, "start_n_top": ours.start_n_top, "end_n_top": ours.end_n_top}
     spec = {**ours.to_dict(), "n_token": ours.vocab_size, "untie_r": untie_r,
             "ff_activation": "relu" if ours.ff_activation == "relu" else "gelu", "mem_len": ours.mem_len or 512}
 
-    def compare_with_source(model) -> float:
-        return _compare_xlnet(model, spec, head, checkpoint.prefix)
-
+    compare = partial(_compare_xlnet, spec=spec, head=head, prefix=checkpoint.prefix)
     described = "language model" if kind == "lm" else f"{kind} head" + (f" {task!r}" if kind != task else "")
-    return ConvertedCheckpoint(
-        model_class=model_class,
-        config=ours,
-        state_dict=state,
-        source=f"TF checkpoint {Path(checkpoint.prefix).name} (XLNet {described}, zihangdai/xlnet)",
-        compare_with_source=compare_with_source if _tensorflow_available() else None,
-        tokenizer_files=_beside(checkpoint.prefix),
-    )
+    return _converted(checkpoint, model_class, ours, state, f"XLNet {described}, zihangdai/xlnet", compare)
 
 
 def _compare_xlnet(model, spec, head, prefix) -> float:
