@@ -1,0 +1,175 @@
+"""MemoryTrainer: the memory a step is fed is the one the previous step of the same stream returned (values, not
+just presence), with and without gradient accumulation; evaluation has its own memory and token-weighted metrics;
+a resume continues the same streams with the same memory; the loss falls."""
+
+import copy
+import math
+
+import pytest
+import torch
+from transformers import TrainingArguments
+
+from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
+from transformers_xl.training import MemoryTrainer, TextStream
+
+VOCAB = 40
+
+
+def tiny_lm(seed=0, mem_len=8):
+    torch.manual_seed(seed)
+    config = TransfoXLConfig(
+        vocab_size=VOCAB, cutoffs=[], adaptive=False, div_val=1, d_model=32, d_embed=32, n_head=2, d_head=16,
+        d_inner=64, n_layer=2, mem_len=mem_len, tgt_len=6, clamp_len=-1, same_length=False, dropout=0.0,
+        dropatt=0.0,
+    )  # fmt: skip
+    return TransfoXLLMHeadModel(config)
+
+
+def training_args(output_dir, **overrides):
+    values = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=2, per_device_eval_batch_size=2, learning_rate=1e-2,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    values.update(overrides)
+    return TrainingArguments(**values)
+
+
+def stream(length=2 * 18, seq_len=6, seed=0, **kwargs):
+    """Two rows of random tokens (3 segments of 6 per row by default)."""
+    ids = torch.randint(VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
+    return TextStream(ids, num_rows=2, seq_len=seq_len, **kwargs)
+
+
+class Recorder:
+    """Every forward of `model`: mode, input ids, the mems it was fed (copied before it runs) and returned."""
+
+    def __init__(self, model):
+        self.calls = []
+        model.register_forward_pre_hook(self.before, with_kwargs=True)
+        model.register_forward_hook(self.after, with_kwargs=True)
+
+    def before(self, module, args, kwargs):
+        mems = kwargs.get("mems")
+        self.calls.append(
+            {
+                "training": module.training,
+                "input_ids": kwargs["input_ids"].clone(),
+                "mems_in": None if mems is None else [m.clone() for m in mems],
+                "mems_in_grad": mems is not None and any(m.requires_grad for m in mems),
+            }
+        )
+
+    def after(self, module, args, kwargs, output):
+        self.calls[-1]["mems_out"] = [m.clone() for m in output.mems]
+
+
+def assert_chained(calls):
+    """Call k is fed exactly what call k-1 returned (detached), and reads the next tokens of the same rows."""
+    assert calls[0]["mems_in"] is None
+    for previous, call in zip(calls, calls[1:]):
+        assert call["mems_in"] is not None and not call["mems_in_grad"]
+        for fed, returned in zip(call["mems_in"], previous["mems_out"], strict=True):
+            assert torch.equal(fed, returned)
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_each_step_is_fed_the_previous_steps_memory(tmp_path, accumulation):
+    """Two epochs of 3 segments: within an epoch the memory chains through every (micro-)batch, whether one
+    optimizer step takes one segment or all three; each epoch starts empty."""
+    data = stream()
+    model = tiny_lm()
+    initial = copy.deepcopy(model)
+    recorder = Recorder(model)
+    args = training_args(tmp_path, num_train_epochs=2, gradient_accumulation_steps=accumulation)
+    MemoryTrainer(model=model, args=args, train_dataset=data).train()
+    calls = recorder.calls
+    assert len(calls) == 6 and all(call["training"] for call in calls)
+    for epoch in (calls[:3], calls[3:]):
+        assert_chained(epoch)
+        for segment, call in enumerate(epoch):  # segment t of rows 0 and 1
+            assert torch.equal(call["input_ids"], torch.stack([data[2 * segment + row]["input_ids"] for row in (0, 1)]))
+    # What is carried is the previous segment: layer 0's memory is the first segment's embedding (first step's
+    # weights), time-major.
+    embedded = initial.transformer.word_emb(calls[0]["input_ids"]).transpose(0, 1)
+    assert torch.allclose(calls[1]["mems_in"][0], embedded, atol=1e-6)
+
+
+def test_evaluation_has_its_own_memory_and_leaves_trainings_alone(tmp_path):
+    data, held_out = stream(length=2 * 30), stream(seed=1)
+    model = tiny_lm()
+    recorder = Recorder(model)
+    args = training_args(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=2)
+    MemoryTrainer(model=model, args=args, train_dataset=data, eval_dataset=held_out).train()
+    modes = "".join("t" if call["training"] else "e" for call in recorder.calls)
+    assert modes == "tt" + "eee" + "tt" + "eee"
+    train = [call for call in recorder.calls if call["training"]]
+    assert_chained(train)  # training step 3 continues step 2 across the evaluation
+    assert_chained(recorder.calls[2:5]) and assert_chained(recorder.calls[7:10])  # each evaluation starts empty
+
+
+def manual_eval_loss(model, data):
+    """Mean NLL over every predicted token of `data`, segment after segment with the memory, by hand."""
+    model.eval()
+    total, count, mems = 0.0, 0, None
+    with torch.no_grad():
+        for segment in range(data.num_segments):
+            ids = torch.stack([data[segment * data.num_rows + row]["input_ids"] for row in range(data.num_rows)])
+            out = model(input_ids=ids, labels=ids, mems=mems)
+            total, count, mems = total + out.losses.sum().item(), count + out.losses.numel(), out.mems
+    return total / count
+
+
+def test_evaluation_reports_token_weighted_loss_perplexity_and_bits(tmp_path):
+    held_out = stream(length=2 * 100, varlen=True, seed=2)  # segments of different lengths
+    model = tiny_lm()
+    metrics = MemoryTrainer(model=model, args=training_args(tmp_path), eval_dataset=held_out).evaluate()
+    expected = manual_eval_loss(model, held_out)
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-6)
+    assert metrics["eval_perplexity"] == pytest.approx(math.exp(expected), rel=1e-6)
+    assert metrics["eval_bits_per_token"] == pytest.approx(expected / math.log(2), rel=1e-6)
+
+
+def test_loss_falls_on_tiny_data(tmp_path):
+    """A 20-token phrase repeated: a segment of 6 sees at most 6 of it, the memory shows the rest."""
+    phrase = torch.randint(VOCAB, (20,), generator=torch.Generator().manual_seed(5))
+    ids = phrase.repeat(40)
+    train, held_out = TextStream(ids[:600], 2, 6), TextStream(ids[600:], 2, 6)
+    trainer = MemoryTrainer(
+        model=tiny_lm(), args=training_args(tmp_path, max_steps=80, learning_rate=1e-2, warmup_steps=5),
+        train_dataset=train, eval_dataset=held_out,
+    )  # fmt: skip
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]
+    assert before > math.log(VOCAB) - 0.5 and after < 0.3 * before
+
+
+def test_resume_continues_the_same_streams_with_the_same_memory(tmp_path):
+    """Stop after step 4 (one step into epoch 2) and resume: steps 5 and 6 read the same segments and are fed the
+    same memory as in the uninterrupted run. The end-of-epoch checkpoint holds no memory: epochs start empty."""
+    data = stream()
+
+    def run(resume=None):
+        model = tiny_lm(seed=1 if resume else 0)  # a resume takes the checkpoint's weights
+        recorder = Recorder(model)
+        args = training_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=2)
+        MemoryTrainer(model=model, args=args, train_dataset=data).train(resume_from_checkpoint=resume)
+        return recorder.calls
+
+    full = run()
+    saved = [(tmp_path / f"checkpoint-{step}" / "memory-rank0.safetensors").is_file() for step in (2, 4, 6)]
+    assert saved == [True, True, False]
+    resumed = run(resume=str(tmp_path / "checkpoint-4"))
+    assert len(resumed) == 2
+    for again, original in zip(resumed, full[4:], strict=True):
+        assert torch.equal(again["input_ids"], original["input_ids"])
+        for name in ("mems_in", "mems_out"):
+            for a, b in zip(again[name], original[name], strict=True):
+                assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_stream_with_the_wrong_number_of_rows_is_refused(tmp_path):
+    args = training_args(tmp_path, max_steps=1, per_device_train_batch_size=3)
+    trainer = MemoryTrainer(model=tiny_lm(), args=args, train_dataset=stream())
+    with pytest.raises(ValueError, match=r"TextStream has 2 rows but a step takes 3 .*num_rows=3"):
+        trainer.train()

@@ -1,0 +1,211 @@
+"""`MemoryTrainer`: transformers' Trainer with the model's memory (`mems`) carried from one step to the next.
+
+Segment-level recurrence (Transformer-XL Sec. 3.2) needs two things Trainer does not do: the data in stream order
+with fixed rows (`TextStream` + the sequential sampler below), and the `mems` a step returns fed to the next step.
+transformers v5 removed Trainer's only hook for the latter (`past_index`), so this subclass does it in
+`compute_loss`. It is model-agnostic: it passes `mems=` and reads `outputs.mems`, a tuple of time-major
+`[mem_len, rows, d]` tensors (Transformer-XL; XLNet too, with `config.use_mems_train=True`).
+
+The memory's life:
+- training: one memory, fed micro-batch after micro-batch in dataloader order, detached (no gradient crosses a
+  segment boundary). With the step-major stream, consecutive micro-batches are consecutive segments of the same
+  rows, so under gradient accumulation one optimizer step covers `gradient_accumulation_steps` consecutive
+  segments (truncated back-propagation through time, one segment deep); it is emptied at each epoch start;
+- evaluation: its own memory, empty at the start of every evaluation and dropped after it; evaluating in the
+  middle of training leaves the training memory untouched;
+- checkpoints: each process saves its training memory next to the checkpoint (`memory-rank{r}.safetensors`); a
+  resume reloads it, so the resumed run continues the same rows with the same memory as an uninterrupted run. A
+  checkpoint taken at the end of an epoch, a checkpoint without memory files, or `ignore_data_skip=True` (which
+  restarts the epoch's data) resume with an empty memory.
+
+Several processes: launch with `accelerate launch` / `torchrun` (DDP); each rank keeps the memory of its own rows.
+On CPU pass `use_cpu=True` (or `ACCELERATE_USE_CPU=true`), otherwise each process trains alone. `nn.DataParallel`
+(several GPUs in one process) is refused: it would split the time-major memory along time.
+"""
+
+import math
+import os
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils import logging
+
+from .streams import TextStream
+
+logger = logging.get_logger(__name__)
+
+
+class MemoryTrainer(Trainer):
+    """Trainer whose steps pass each other the model's `mems`; evaluation reports loss, perplexity and bits.
+
+    Use it like Trainer, with `TextStream` datasets whose `num_rows` is the global batch (per-device batch size x
+    number of processes):
+
+        trainer = MemoryTrainer(model=model, args=args, train_dataset=TextStream(train_ids, 8, 128),
+                                eval_dataset=TextStream(valid_ids, 8, 128))
+        trainer.train()
+        trainer.evaluate()  # eval_loss (nats per predicted token), eval_perplexity, eval_bits_per_token
+
+    `eval_loss` is the mean over every predicted token of the eval stream (Trainer's own is a mean of batch
+    means); for a character-level model `eval_bits_per_token` is bits per character.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.n_gpu > 1:
+            raise ValueError(
+                "MemoryTrainer: several GPUs in one process (nn.DataParallel) would split the time-major memory "
+                "along time; launch one process per GPU (`accelerate launch` or `torchrun`) instead."
+            )
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched > self.args.world_size:
+            raise ValueError(
+                f"MemoryTrainer: {launched} processes were launched but each trains alone (world size "
+                f"{self.args.world_size}); on CPU pass `use_cpu=True` to TrainingArguments (or set "
+                "ACCELERATE_USE_CPU=true) so that they train together over gloo."
+            )
+        self._memory = {"train": None, "eval": None}
+        self._mode = "train"
+        self._restored_memory = None
+        self._eval_totals = None
+        self._warned_no_mems = False
+        self.add_callback(_MemoryLifecycle(self))
+
+    # --- data: stream order, fixed rows ---------------------------------------------------------------------
+
+    def _get_train_sampler(self, train_dataset=None):
+        """Stream order: never shuffled (a shuffled segment would meet another row's memory)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return torch.utils.data.SequentialSampler(dataset)
+
+    def _get_eval_sampler(self, eval_dataset):
+        return torch.utils.data.SequentialSampler(eval_dataset)
+
+    def get_train_dataloader(self):
+        self._check_rows(self.train_dataset, self._train_batch_size, "per_device_train_batch_size")
+        return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else eval_dataset
+        self._check_rows(dataset if dataset is not None else self.eval_dataset, self.args.eval_batch_size,
+                         "per_device_eval_batch_size")  # fmt: skip
+        return super().get_eval_dataloader(eval_dataset)
+
+    def _check_rows(self, dataset, batch_size, option):
+        """A `TextStream` must have exactly one row per sequence of the global batch, or rows would change owner
+        from step to step."""
+        if not isinstance(dataset, TextStream):
+            return
+        processes = 1 if self.accelerator.split_batches else self.args.world_size
+        if dataset.num_rows != batch_size * processes:
+            raise ValueError(
+                f"MemoryTrainer: the TextStream has {dataset.num_rows} rows but a step takes {batch_size * processes} "
+                f"({option}={batch_size} x {processes} process(es)); build it with num_rows={batch_size * processes}."
+            )
+
+    # --- the memory through the steps -----------------------------------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Feed the memory of the previous step of the same mode (train / eval) and keep the one returned."""
+        mems = self._memory[self._mode]
+        if mems is not None:
+            inputs = {**inputs, "mems": mems}
+        if self._mode == "eval":
+            num_items_in_batch = None  # the model's own mean over this batch: times its count it is the local sum
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        new_mems = outputs.get("mems") if isinstance(outputs, dict) else None
+        if new_mems is None and not self._warned_no_mems:
+            logger.warning(
+                "MemoryTrainer: the model returned no `mems`, so there is no memory to carry (mem_len 0, or XLNet "
+                "without `config.use_mems_train=True` / `use_mems_eval=True`)."
+            )
+            self._warned_no_mems = True
+        self._memory[self._mode] = None if new_mems is None else tuple(mem.detach() for mem in new_mems)
+        if self._mode == "eval":
+            count = self._predicted_tokens(inputs["labels"])
+            self._eval_totals += torch.stack([loss.detach().double() * count, count.double()])
+        return (loss, outputs) if return_outputs else loss
+
+    def _predicted_tokens(self, labels):
+        """How many tokens the loss averaged over: causal LMs shift labels inside, so the first is never scored."""
+        labels = labels[..., 1:] if self._loss_shifts_labels else labels
+        return labels.ne(-100).sum().to(self.args.device)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):  # fmt: skip
+        """Run the stream with a fresh memory of its own; report loss, perplexity and bits over every predicted
+        token of every process."""
+        if prediction_loss_only is None:  # the LM metrics need no logits: gather them only for compute_metrics
+            prediction_loss_only = self.args.prediction_loss_only or self.compute_metrics is None
+        self._mode, self._memory["eval"] = "eval", None
+        self._eval_totals = torch.zeros(2, dtype=torch.float64, device=self.args.device)
+        try:
+            output = super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        finally:
+            self._mode, self._memory["eval"] = "train", None
+        nll, count = self.accelerator.reduce(self._eval_totals, reduction="sum").tolist()
+        if count:
+            loss = nll / count
+            output.metrics[f"{metric_key_prefix}_loss"] = loss
+            output.metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 700.0))
+            output.metrics[f"{metric_key_prefix}_bits_per_token"] = loss / math.log(2)
+        return output
+
+    # --- checkpoints -----------------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        """Trainer.train; a resume also reloads this process's training memory (see the module docstring)."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"MemoryTrainer: no checkpoint found in {self.args.output_dir} to resume from.")
+        self._restored_memory = None
+        if resume_from_checkpoint and not self.args.ignore_data_skip:
+            self._restored_memory = self._load_memory(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    def _memory_file(self, checkpoint):
+        return os.path.join(checkpoint, f"memory-rank{self.args.process_index}.safetensors")
+
+    def _save_memory(self, checkpoint):
+        mems = self._memory["train"]
+        if mems is None:
+            return
+        os.makedirs(checkpoint, exist_ok=True)
+        tensors = {str(i): mem.contiguous() for i, mem in enumerate(mems)}
+        save_file(tensors, self._memory_file(checkpoint), metadata={"world_size": str(self.args.world_size)})
+
+    def _load_memory(self, checkpoint):
+        path = self._memory_file(checkpoint)
+        if not os.path.isfile(path):
+            logger.info(f"MemoryTrainer: {checkpoint} holds no memory for this process; resuming with an empty one.")
+            return None
+        with safe_open(path, framework="pt", device=str(self.args.device)) as f:
+            saved_world = int(f.metadata().get("world_size", -1))
+            if saved_world != self.args.world_size:
+                raise ValueError(
+                    f"MemoryTrainer: {checkpoint} was saved by {saved_world} process(es), this run has "
+                    f"{self.args.world_size}; the rows of each process (and their memory) would not match."
+                )
+            return tuple(f.get_tensor(key) for key in sorted(f.keys(), key=int))
+
+
+class _MemoryLifecycle(TrainerCallback):
+    """Empties the training memory at each epoch start (a resume mid-epoch takes the saved one instead) and saves
+    it with every checkpoint."""
+
+    def __init__(self, trainer: MemoryTrainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.trainer._memory["train"], self.trainer._restored_memory = self.trainer._restored_memory, None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.epoch is not None and float(state.epoch).is_integer():
+            return  # the next step starts a new epoch, with an empty memory
+        self.trainer._save_memory(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
