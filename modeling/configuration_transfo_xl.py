@@ -28,6 +28,9 @@ class TransfoXLConfig(PreTrainedConfig):
     - `zero_initial_mems`: start without memory from `mem_len` zero vectors that are attended to, as the legacy
       HF code did (needed to reproduce its numbers); the default starts from an empty memory like the original
       PyTorch code.
+    - `same_length_span`: with `same_length`, query i may not attend to keys j <= i - span. None (default): the
+      PyTorch rule, every query sees at most `mem_len` keys; 1: the original TF code's rule, every query sees exactly
+      memory length + 1 keys (set by the TF checkpoint converter).
     """
 
     model_type = "transfo-xl"
@@ -71,6 +74,7 @@ class TransfoXLConfig(PreTrainedConfig):
         tgt_len=128,
         ext_len=0,
         zero_initial_mems=False,
+        same_length_span=None,
         eos_token_id=0,
         **kwargs,
     ):
@@ -105,6 +109,7 @@ class TransfoXLConfig(PreTrainedConfig):
         self.tgt_len = tgt_len
         self.ext_len = ext_len
         self.zero_initial_mems = zero_initial_mems
+        self.same_length_span = same_length_span
         # The text-generation pipeline prepends a fixed "XL prefix" paragraph to prompts unless the config has a
         # `prefix`: ours is empty by default, so that paragraph is opt-in (`pipeline(..., prefix=...)`).
         self.prefix = kwargs.pop("prefix", "")
@@ -144,6 +149,9 @@ class TransfoXLConfig(PreTrainedConfig):
             fail("cutoffs", self.cutoffs, f"strictly increasing integers in (0, vocab_size={self.vocab_size})")
         if len(self.tie_projs) != len(self.cutoffs) + 1:
             fail("tie_projs", self.tie_projs, f"one boolean per cluster ({len(self.cutoffs) + 1})")
+        span = self.same_length_span
+        if span is not None and (not isinstance(span, int) or span < 1):
+            fail("same_length_span", self.same_length_span, "null or a positive integer")
         if not isinstance(self.div_val, int) or self.div_val < 1:
             fail("div_val", self.div_val, "an integer >= 1")
         if self.attn_type not in ATTENTION_TYPES:

@@ -374,8 +374,10 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
         whole history; its last k columns are then the memory and the segment."""
         key_length = memory_length + query_length
-        overflow = key_length - self.config.mem_len  # keys beyond mem_len (legacy `same_length` span)
-        span = query_length - overflow if overflow > 0 else query_length
+        span = self.config.same_length_span
+        if span is None:
+            overflow = key_length - self.config.mem_len  # keys beyond mem_len (legacy `same_length` span)
+            span = query_length - overflow if overflow > 0 else query_length
         mask = causal_memory_mask(query_length, memory_length, self.config.same_length, span, device=device)
         mask = mask[None, None]
         if attention_mask is not None:
