@@ -18,15 +18,25 @@ import torch
 from transformers.cache_utils import Cache
 
 
-def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str):
-    """Validate legacy `mems` (one time-major [mem_len, batch, width] tensor per layer, one mem_len for all)."""
+def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, dtype: torch.dtype, device):
+    """Validate legacy `mems` (one time-major [mem_len, batch, width] tensor per layer, one mem_len for all) on the
+    device and in the dtype of the hidden states (or, under autocast, in its dtype)."""
     if len(mems) != num_layers:
         raise ValueError(f"{model}: `mems` has {len(mems)} entries; expected one per layer ({num_layers}).")
+    device = torch.device(device)
+    autocast_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     for i, mem in enumerate(mems):
         if mem.dim() != 3 or mem.shape[1] != batch_size or mem.shape[2] != width:
             raise ValueError(
                 f"{model}: `mems[{i}]` has shape {tuple(mem.shape)}; expected [mem_len, batch_size={batch_size}, "
                 f"d_model={width}] (time-major, as returned in `outputs.mems`)."
+            )
+        if mem.device != device:
+            raise ValueError(f"{model}: `mems[{i}]` is on device {mem.device}; expected {device}, the model's.")
+        if mem.dtype not in (dtype, autocast_dtype):
+            raise TypeError(
+                f"{model}: `mems[{i}]` has dtype {mem.dtype}; expected {dtype}, the dtype of the hidden states"
+                + (f" (or {autocast_dtype} under autocast)." if autocast_dtype else ".")
             )
     lengths = sorted({mem.shape[0] for mem in mems})
     if len(lengths) != 1:
@@ -184,18 +194,21 @@ class MemoryCache(Cache):
         return cache
 
     @classmethod
-    def for_forward(cls, cache, mems, num_layers: int, mem_len: int | None, batch_size: int, width: int, model: str):
+    def for_forward(
+        cls, cache, mems, num_layers: int, mem_len: int | None, batch_size: int, width: int, model: str, dtype, device
+    ):
         """The memory a forward pass attends to and updates: `cache` itself, the legacy `mems` wrapped, or a new
-        empty cache. Whatever is given must fit the model and the batch (a clear ValueError otherwise)."""
+        empty cache. Whatever is given must fit the model, the batch and the hidden states' dtype and device (a
+        clear ValueError / TypeError otherwise, see `check_mems`)."""
         if cache is not None and mems is not None:
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
-            check_mems(mems, num_layers, batch_size, width, model)
+            check_mems(mems, num_layers, batch_size, width, model, dtype, device)
             return cls.from_mems(mems, mem_len)
         if cache is None:
             return cls(num_layers, mem_len)
         if cache.memory(0) is not None:
-            check_mems(cache.mems, num_layers, batch_size, width, model)
+            check_mems(cache.mems, num_layers, batch_size, width, model, dtype, device)
         return cache
 
     @property

@@ -22,6 +22,7 @@ from transformers.utils import ModelOutput
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
 from .decoding_linear import DecodingLinear, linear
+from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
 from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
     causal_memory_mask,
@@ -348,20 +349,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.word_emb = new_embeddings
 
-    def _check_input_ids(self, input_ids):
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= self.config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"TransfoXLModel: input id {bad} is out of range; ids must be in [0, vocab_size={self.config.vocab_size})."
-            )
-
     def _memory(self, cache, mems, batch_size, dtype, device) -> MemoryCache:
         """The memory to attend to (see MemoryCache.for_forward); an empty one starts as `mem_len` zero vectors
         when `zero_initial_mems` asks for the legacy behaviour."""
         config = self.config
         cache = MemoryCache.for_forward(
-            cache, mems, config.n_layer, config.mem_len, batch_size, config.d_model, "TransfoXLModel"
+            cache, mems, config.n_layer, config.mem_len, batch_size, config.d_model, "TransfoXLModel", dtype, device
         )
         if cache.memory(0) is None and config.zero_initial_mems and config.mem_len > 0:
             zeros = torch.zeros(batch_size, config.mem_len, config.d_model, dtype=dtype, device=device)
@@ -427,12 +420,16 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
         use_cache = bool(use_cache) or cache is not None
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("TransfoXLModel: pass exactly one of `input_ids` and `inputs_embeds`.")
+        batch_size, query_length = check_inputs(
+            "TransfoXLModel", input_ids, inputs_embeds, config.vocab_size, config.d_model
+        )
+        if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch_size):
+            raise ValueError(
+                f"TransfoXLModel: `attention_mask` has shape {tuple(attention_mask.shape)}; expected [batch_size="
+                f"{batch_size}, columns] covering the segment or the memory and the segment (1 = token, 0 = padding)."
+            )
         if input_ids is not None:
-            self._check_input_ids(input_ids)
             inputs_embeds = self.word_emb(input_ids)
-        batch_size, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
 
         cache = self._memory(cache, mems, batch_size, inputs_embeds.dtype, device)
@@ -562,6 +559,13 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions.
         `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        shape = inputs_shape(input_ids, inputs_embeds)
+        if labels is not None and shape is not None:
+            vocab_size = self.config.vocab_size
+            check_token_labels(
+                "TransfoXLLMHeadModel", labels, shape, "[batch_size, seq_len]", " (the inputs' shape: labels are the "
+                "input ids, shifted inside)", vocab_size, "token ids", f" (vocab_size={vocab_size})",
+            )
         outputs = self.transformer(
             input_ids,
             mems=mems,
@@ -678,6 +682,9 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         **kwargs,
     ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        shape = inputs_shape(input_ids, inputs_embeds)
+        if labels is not None and shape is not None:
+            check_sequence_labels("TransfoXLForSequenceClassification", self.config, labels, shape[0])
         outputs = self.transformer(
             input_ids,
             mems=mems,

@@ -34,6 +34,19 @@ from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
 from .decoding_linear import DecodingLinear, linear
+from .input_checks import (
+    check_class_ids,
+    check_inputs,
+    check_integer,
+    check_one_per_sequence,
+    check_sequence_labels,
+    check_shape,
+    check_span_positions,
+    check_token_labels,
+    check_values_in,
+    inputs_shape,
+    problem_type,
+)
 from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
     causal_memory_mask,
@@ -511,6 +524,24 @@ def _cross_entropy(logits, labels, reduction):
     return F.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction)
 
 
+def _check_token_labels(model, labels, inputs, target_mapping, num_classes, what, note, known_shape=True):
+    """Per-token labels, one per prediction: [batch_size, num_predict] with `target_mapping`, else [batch_size,
+    seq_len] (unless `known_shape` is False: a head that keeps only some predictions). Checked before the forward
+    pass; inputs of the wrong rank are left to the base model to report."""
+    if labels is None:
+        return
+    shape = inputs_shape(*inputs) if known_shape else None
+    if shape is None:
+        described = origin = None
+    elif target_mapping is None:
+        described, origin = "[batch_size, seq_len]", " (the inputs' shape)"
+    elif target_mapping.dim() == 3:
+        shape, described, origin = (shape[0], target_mapping.shape[1]), "[batch_size, num_predict]", " (`target_mapping`)"
+    else:
+        shape = described = origin = None
+    check_token_labels(model, labels, shape, described, origin, num_classes, what, note)
+
+
 class XLNetModel(XLNetPreTrainedModel):
     """The XLNet encoder: embeddings, relative positional / segment encodings, masks, memory, n_layer layers."""
 
@@ -534,28 +565,10 @@ class XLNetModel(XLNetPreTrainedModel):
                       token_type_ids):
         """Shapes and values of the inputs, with errors that say what was expected. Returns (batch, seq_len)."""
         name = type(self).__name__
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"{name}: pass exactly one of `input_ids` and `inputs_embeds`.")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(
-                    f"{name}: `input_ids` has shape {tuple(input_ids.shape)}; expected [batch_size, seq_len]."
-                )
-            batch, length = input_ids.shape
-        else:
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model:
-                raise ValueError(
-                    f"{name}: `inputs_embeds` has shape {tuple(inputs_embeds.shape)}; expected "
-                    f"[batch_size, seq_len, d_model={self.config.d_model}]."
-                )
-            batch, length = inputs_embeds.shape[:2]
+        batch, length = check_inputs(name, input_ids, inputs_embeds, self.config.vocab_size, self.config.d_model)
 
         def expect(field, tensor, shape, described):
-            if tensor is not None and tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"{name}: `{field}` has shape {tuple(tensor.shape)}; expected {described} = {shape} "
-                    f"(batch_size={batch}, seq_len={length} from the inputs)."
-                )
+            check_shape(name, field, tensor, shape, described, f" (batch_size={batch}, seq_len={length} from the inputs)")
 
         expect("attention_mask", attention_mask, (batch, length), "[batch_size, seq_len]")
         expect("input_mask", input_mask, (batch, length), "[batch_size, seq_len]")
@@ -577,15 +590,8 @@ class XLNetModel(XLNetPreTrainedModel):
                 f"{name}: pass only one of `attention_mask` (1 = keep) and `input_mask` (1 = padding, its negation)."
             )
         if token_type_ids is not None:
-            if token_type_ids.is_floating_point() or token_type_ids.dtype == torch.bool:
-                raise ValueError(f"{name}: `token_type_ids` must be integers, got dtype {token_type_ids.dtype}.")
-            if not (torch.jit.is_tracing() or torch.compiler.is_compiling()) and token_type_ids.numel():
-                low, high = int(token_type_ids.min()), int(token_type_ids.max())
-                if low < 0 or high > MAX_TOKEN_TYPE_ID:
-                    raise ValueError(
-                        f"{name}: `token_type_ids` has values in [{low}, {high}]; expected segment ids in "
-                        f"[0, {MAX_TOKEN_TYPE_ID}] (A=0, B=1, CLS=2, SEP=3, PAD=4)."
-                    )
+            check_integer(name, "token_type_ids", token_type_ids, "segment ids")
+            check_values_in(name, "token_type_ids", token_type_ids, 0, MAX_TOKEN_TYPE_ID + 1, "segment ids")
         if self.config.bi_data and batch % 2:
             raise ValueError(
                 f"{name}: `bi_data=True` splits the batch into forward and backward halves; expected an even "
@@ -713,9 +719,10 @@ class XLNetModel(XLNetPreTrainedModel):
         )
         cache_given = cache is not None
         # `mem_len` None or 0 keeps every past position.
+        hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
         cache = MemoryCache.for_forward(
             cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
-            type(self).__name__,
+            type(self).__name__, hidden_like.dtype, hidden_like.device,
         )
         memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
@@ -842,6 +849,12 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> XLNetLMHeadModelOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        vocab_size = self.config.vocab_size
+        every_prediction = isinstance(logits_to_keep, int) and logits_to_keep == 0 and not kwargs.get("predict_next_token")
+        _check_token_labels(
+            "XLNetLMHeadModel", labels, (input_ids, inputs_embeds), target_mapping, vocab_size, "token ids",
+            f" (vocab_size={vocab_size})", known_shape=every_prediction,
+        )
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
@@ -948,6 +961,9 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
         **kwargs,
     ) -> XLNetForSequenceClassificationOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shape = inputs_shape(input_ids, inputs_embeds)
+        if labels is not None and shape is not None:
+            check_sequence_labels(type(self).__name__, self.config, labels, shape[0])
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
@@ -973,14 +989,7 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
         )
 
     def _classification_loss(self, logits, labels, num_items_in_batch):
-        if self.config.problem_type is None:
-            if self.num_labels == 1:
-                self.config.problem_type = "regression"
-            elif labels.dtype in (torch.long, torch.int):
-                self.config.problem_type = "single_label_classification"
-            else:
-                self.config.problem_type = "multi_label_classification"
-        if self.config.problem_type == "regression":
+        if problem_type(self.config, labels) == "regression":
             if self.num_labels == 1:
                 logits, labels = logits.squeeze(), labels.squeeze()
             return _loss_sum_or_mean(F.mse_loss, logits, labels.to(logits.dtype), num_items_in_batch)
@@ -1023,6 +1032,10 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
         **kwargs,
     ) -> XLNetForTokenClassificationOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        _check_token_labels(
+            type(self).__name__, labels, (input_ids, inputs_embeds), target_mapping, self.num_labels, "class ids",
+            f" (num_labels={self.num_labels})",
+        )
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
@@ -1080,14 +1093,21 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         **kwargs,
     ) -> XLNetForMultipleChoiceOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        name = type(self).__name__
         reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None or reference.dim() < (3 if input_ids is not None else 4):
+        if reference is None or reference.dim() != (3 if input_ids is not None else 4):
             raise ValueError(
-                "XLNetForMultipleChoice: expected `input_ids` [batch_size, num_choices, seq_len] (or `inputs_embeds` "
+                f"{name}: expected `input_ids` [batch_size, num_choices, seq_len] (or `inputs_embeds` "
                 f"[batch_size, num_choices, seq_len, d_model]), got "
                 f"{None if reference is None else tuple(reference.shape)}."
             )
-        num_choices = reference.shape[1]
+        batch_size, num_choices, seq_len = reference.shape[:3]
+        for field, tensor in (("attention_mask", attention_mask), ("input_mask", input_mask),
+                              ("token_type_ids", token_type_ids)):  # fmt: skip
+            check_shape(name, field, tensor, reference.shape[:3], "[batch_size, num_choices, seq_len]",
+                        " (from the inputs)")  # fmt: skip
+        if labels is not None:
+            check_class_ids(name, labels, batch_size, num_choices, "choice indices", f" (num_choices={num_choices})")
 
         def flat(tensor, trailing=1):
             return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
@@ -1147,6 +1167,10 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         output_hidden_states=None,
         **kwargs,
     ) -> XLNetForQuestionAnsweringSimpleOutput:
+        shape = inputs_shape(input_ids, inputs_embeds)
+        if shape is not None:  # positions past the end are ignored, as in transformers (see the loss below)
+            for field, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+                check_span_positions(type(self).__name__, field, positions, *shape, ignore_beyond=True)
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
@@ -1167,7 +1191,8 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         end_logits = end_logits.squeeze(-1).contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions outside the sequence are ignored (clamped onto an ignore index).
+            # Positions past the end of the sequence are ignored (clamped onto an ignore index), as in transformers:
+            # the answer lies outside this window of a long context.
             ignored = start_logits.shape[1]
             start_positions = start_positions.reshape(-1).clamp(0, ignored)
             end_positions = end_positions.reshape(-1).clamp(0, ignored)
@@ -1221,6 +1246,14 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         output_hidden_states=None,
         **kwargs,
     ) -> XLNetForQuestionAnsweringOutput:
+        shape = inputs_shape(input_ids, inputs_embeds)
+        if shape is not None:
+            name = type(self).__name__
+            for field, positions in (("start_positions", start_positions), ("end_positions", end_positions),
+                                     ("cls_index", cls_index)):  # fmt: skip
+                check_span_positions(name, field, positions, *shape, ignore_beyond=False)
+            if is_impossible is not None:
+                check_one_per_sequence(name, "is_impossible", is_impossible, shape[0])
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
