@@ -152,7 +152,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             start, end = self.bounds[cluster]
             rows = ((target >= start) & (target < end)).nonzero().squeeze(-1)
             logits = self._logits(hidden[rows], *clusters[cluster])
-            log_p = logits.gather(1, (target[rows] - start)[:, None]).squeeze(1) - logits.logsumexp(-1)
+            # log_softmax rather than logit - logsumexp: torch.compile cannot trace logsumexp over a data-dependent
+            # number of rows (its decomposition branches on numel() == 0)
+            log_p = torch.log_softmax(logits, -1).gather(1, (target[rows] - start)[:, None]).squeeze(1)
             nll = nll.index_put((rows,), -(tails[rows, cluster - 1] + log_p))
         return nll
 

@@ -8,8 +8,8 @@ here. Decoding steps read every weight once per token, so this is most of their 
 0.80 ms for three (`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product,
 up to the order of the floating-point sums.
 
-Everything else (GPU, half precision, more than `MAX_ROWS` rows, or one row into a narrower output, where the
-matrix-vector path is the faster one) goes to `F.linear` unchanged.
+Everything else (GPU, half precision, more than `MAX_ROWS` rows, one row into a narrower output, where the
+matrix-vector path is the faster one, or torch.compile) goes to `F.linear` unchanged.
 """
 
 import torch
@@ -25,7 +25,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out_features, in_features = weight.shape
     rows = x.numel() // in_features
     if (
-        x.device.type != "cpu"
+        torch.compiler.is_compiling()  # a compiled graph picks its own kernels (and `rows` may be data-dependent)
+        or x.device.type != "cpu"
         or x.dtype != torch.float32
         or weight.dtype != torch.float32
         or not 0 < rows <= MAX_ROWS

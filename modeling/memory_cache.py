@@ -232,7 +232,6 @@ class MemoryCache(Cache):
         layer = self.layers[layer_idx]
         return None if layer.keys is None else layer
 
-    @torch.no_grad()
     def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
         """Append a segment's layer inputs (detached: stop-gradient) and keep the last `mem_len`.
 

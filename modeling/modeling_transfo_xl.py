@@ -636,16 +636,22 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         hidden, target = hidden[:, :-1], labels[:, 1:].to(hidden.device)
         valid = target != -100
         flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-        rows = valid.reshape(-1).nonzero().squeeze(-1)
-        if self.out_bias is not None and self.training:
-            nll = sampled_softmax_nll(
-                self.transformer.word_emb, self.out_bias, flat_target[rows], flat_hidden[rows], self.sampler
-            )
-        else:
-            nll = self.crit.nll(flat_hidden[rows], flat_target[rows])
-        losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
         denominator = num_items_in_batch if num_items_in_batch is not None else valid.sum().clamp(min=1)
+        if torch.compiler.is_compiling():
+            # A compiled graph cannot size a tensor by the data (the number of real labels): every position is scored
+            # (ignored ones as id 0) and the ignored ones zeroed.
+            losses = self._nll(flat_hidden, flat_target.clamp(min=0)).where(valid.reshape(-1), 0.0)
+            return losses.view(target.shape), losses.sum() / denominator
+        rows = valid.reshape(-1).nonzero().squeeze(-1)
+        nll = self._nll(flat_hidden[rows], flat_target[rows])
+        losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
         return losses.view(target.shape), nll.sum() / denominator
+
+    def _nll(self, hidden, target):
+        """[N, d], [N] -> [N] NLL of the targets: the sampled softmax in training when configured, else exact."""
+        if self.out_bias is not None and self.training:
+            return sampled_softmax_nll(self.transformer.word_emb, self.out_bias, target, hidden, self.sampler)
+        return self.crit.nll(hidden, target)
 
 
 class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
