@@ -2,10 +2,11 @@
 computation with a message naming the argument, what it got and what was expected (instead of a shape error deep
 inside torch, or a silently wrong loss).
 
-Shapes, dtypes and devices are checked always. Checks that read the data (ids in the vocabulary, labels in range)
-cannot run inside a compiled or traced graph, which may not branch on tensor values: there they are skipped, as in
-transformers (`torch.compiler.is_compiling()`), and an out-of-range index is caught only by the kernels' own bounds
-checks (inductor asserts every gather index, e.g. "index out of bounds" for an embedding).
+Shapes, dtypes and devices are known while torch.compile traces, so those checks raise there too. Checks of the
+values (ids in the vocabulary, labels in range) read the data, which a compiled or traced graph may not branch on:
+there they become in-graph assertions (`torch._assert_async`, like transformers' `torch_compilable_check`), which
+raise a RuntimeError with the same expectation when the graph runs on CPU (unless one of the graph's own index checks
+fires first) and a device-side assert on GPU.
 """
 
 import torch
@@ -16,6 +17,20 @@ IGNORE_INDEX = -100  # the label value every loss skips (transformers' conventio
 def reads_data() -> bool:
     """Whether checks may read tensor values: not while torch.compile / torch.jit trace a graph."""
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+
+
+def check_all(model: str, argument: str, valid: torch.Tensor, values: torch.Tensor, expected: str):
+    """Raise a ValueError unless the boolean tensor `valid` is all True, naming the range of the invalid `values`
+    (read only on failure). In a compiled / traced graph, an in-graph assertion instead (see the module docstring)."""
+    if not reads_data():
+        torch._assert_async(valid.all(), f"{model}: `{argument}` has values out of range; expected {expected}.")
+    elif not valid.all():
+        invalid = values[~valid]
+        lowest, highest = (value.item() for value in torch.aminmax(invalid))
+        raise ValueError(
+            f"{model}: `{argument}` has {invalid.numel()} value(s) out of range, in [{lowest}, {highest}]; expected "
+            f"{expected}."
+        )
 
 
 def check_shape(model: str, argument: str, tensor, expected: tuple, described: str, origin: str = ""):
@@ -32,18 +47,16 @@ def check_integer(model: str, argument: str, tensor, what: str):
         raise TypeError(f"{model}: `{argument}` has dtype {tensor.dtype}; expected integer {what} (torch.long).")
 
 
-def check_values_in(model: str, argument: str, tensor, low: int, high: int, what: str, note="", ignore_index=None):
-    """Every value of `tensor` lies in [low, high) or equals `ignore_index`. Eager mode only (see `reads_data`)."""
-    if not reads_data() or tensor.numel() == 0:
+def check_values_in(model: str, argument: str, tensor, low, high, what: str, note="", ignore_index=None):
+    """Every value of `tensor` lies in [low, high) (no upper bound when `high` is None) or equals `ignore_index`."""
+    if tensor.numel() == 0:
         return
-    values = tensor if ignore_index is None else torch.where(tensor == ignore_index, low, tensor)
-    lowest, highest = (value.item() for value in torch.aminmax(values))
-    if lowest < low or highest >= high:
-        ignored = "" if ignore_index is None else f" or {ignore_index} (ignored)"
-        raise ValueError(
-            f"{model}: `{argument}` has values in [{lowest}, {highest}]; expected {what} in [{low}, {high - 1}]"
-            f"{note}{ignored}."
-        )
+    valid = tensor >= low if high is None else (tensor >= low) & (tensor < high)
+    if ignore_index is not None:
+        valid = valid | (tensor == ignore_index)
+    allowed = f">= {low}" if high is None else f"in [{low}, {high - 1}]"
+    ignored = "" if ignore_index is None else f" or {ignore_index} (ignored)"
+    check_all(model, argument, valid, tensor, f"{what} {allowed}{note}{ignored}")
 
 
 def check_inputs(model: str, input_ids, inputs_embeds, vocab_size: int, d_model: int) -> tuple[int, int]:
@@ -133,12 +146,7 @@ def check_sequence_labels(model: str, config, labels, batch_size: int):
     elif kind == "multi_label_classification":
         check_shape(model, "labels", labels, (batch_size, num_labels), "[batch_size, num_labels]",
                     " (a 0 / 1 target per label for multi-label classification)")  # fmt: skip
-        if reads_data() and labels.numel():
-            lowest, highest = (value.item() for value in torch.aminmax(labels.float()))
-            if lowest < 0 or highest > 1:
-                raise ValueError(
-                    f"{model}: `labels` has values in [{lowest}, {highest}]; expected multi-label targets in [0, 1]."
-                )
+        check_all(model, "labels", (labels >= 0) & (labels <= 1), labels, "multi-label targets in [0, 1]")
     else:
         raise ValueError(
             f"{model}: `config.problem_type` is {kind!r}; expected 'regression', 'single_label_classification' or "
@@ -156,10 +164,8 @@ def check_span_positions(model: str, argument: str, positions, batch_size: int, 
         return
     check_integer(model, argument, positions, "token positions")
     check_one_per_sequence(model, argument, positions, batch_size)
-    if not ignore_beyond:
+    if ignore_beyond:
+        note = f" (positions >= seq_len={seq_len} are ignored, as in transformers)"
+        check_values_in(model, argument, positions, 0, None, "token positions", note)
+    else:
         check_values_in(model, argument, positions, 0, seq_len, "token positions", f" (seq_len={seq_len})")
-    elif reads_data() and positions.numel() and positions.min().item() < 0:
-        raise ValueError(
-            f"{model}: `{argument}` has the value {positions.min().item()}; expected token positions >= 0 (positions "
-            f">= seq_len={seq_len} are ignored, as in transformers)."
-        )

@@ -428,14 +428,15 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
                 f"TransfoXLModel: `attention_mask` has shape {tuple(attention_mask.shape)}; expected [batch_size="
                 f"{batch_size}, columns] covering the segment or the memory and the segment (1 = token, 0 = padding)."
             )
-        if input_ids is not None:
-            inputs_embeds = self.word_emb(input_ids)
-        device = inputs_embeds.device
-
-        cache = self._memory(cache, mems, batch_size, inputs_embeds.dtype, device)
+        # The memory and the mask are resolved (and checked) before any computation, in the embeddings' dtype.
+        hidden_like = inputs_embeds if inputs_embeds is not None else next(self.word_emb.parameters())
+        dtype, device = hidden_like.dtype, hidden_like.device
+        cache = self._memory(cache, mems, batch_size, dtype, device)
         memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
         key_length = memory_length + query_length
         mask = self._attention_mask(query_length, memory_length, attention_mask, device)
+        if input_ids is not None:
+            inputs_embeds = self.word_emb(input_ids)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen (no
         # dropout, no gradient: with gradients, W_k and W_v must see the memory again).

@@ -524,22 +524,24 @@ def _cross_entropy(logits, labels, reduction):
     return F.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction)
 
 
-def _check_token_labels(model, labels, inputs, target_mapping, num_classes, what, note, known_shape=True):
-    """Per-token labels, one per prediction: [batch_size, num_predict] with `target_mapping`, else [batch_size,
-    seq_len] (unless `known_shape` is False: a head that keeps only some predictions). Checked before the forward
-    pass; inputs of the wrong rank are left to the base model to report."""
-    if labels is None:
-        return
-    shape = inputs_shape(*inputs) if known_shape else None
-    if shape is None:
-        described = origin = None
-    elif target_mapping is None:
-        described, origin = "[batch_size, seq_len]", " (the inputs' shape)"
-    elif target_mapping.dim() == 3:
-        shape, described, origin = (shape[0], target_mapping.shape[1]), "[batch_size, num_predict]", " (`target_mapping`)"
-    else:
-        shape = described = origin = None
-    check_token_labels(model, labels, shape, described, origin, num_classes, what, note)
+def _output_positions(input_ids, inputs_embeds, target_mapping):
+    """(batch_size, positions, described, origin) of the base model's output, known before the forward pass: one
+    position per prediction with `target_mapping`, else per token. None when the inputs have the wrong rank (the base
+    model reports them)."""
+    shape = inputs_shape(input_ids, inputs_embeds)
+    if shape is None or (target_mapping is not None and target_mapping.dim() != 3):
+        return None
+    if target_mapping is None:
+        return shape[0], shape[1], "[batch_size, seq_len]", " (the inputs' shape)"
+    return shape[0], target_mapping.shape[1], "[batch_size, num_predict]", " (the predictions of `target_mapping`)"
+
+
+def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note):
+    """Per-token labels: one per output position (see `_output_positions`), checked before the forward pass."""
+    positions = None if labels is None else _output_positions(input_ids, inputs_embeds, target_mapping)
+    if positions is not None:
+        batch_size, length, described, origin = positions
+        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note)
 
 
 class XLNetModel(XLNetPreTrainedModel):
@@ -850,11 +852,11 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     ) -> XLNetLMHeadModelOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         vocab_size = self.config.vocab_size
-        every_prediction = isinstance(logits_to_keep, int) and logits_to_keep == 0 and not kwargs.get("predict_next_token")
-        _check_token_labels(
-            "XLNetLMHeadModel", labels, (input_ids, inputs_embeds), target_mapping, vocab_size, "token ids",
-            f" (vocab_size={vocab_size})", known_shape=every_prediction,
-        )
+        if isinstance(logits_to_keep, int) and logits_to_keep == 0 and not kwargs.get("predict_next_token"):
+            _check_token_labels(
+                type(self).__name__, labels, input_ids, inputs_embeds, target_mapping, vocab_size, "token ids",
+                f" (vocab_size={vocab_size})",
+            )
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
@@ -1033,7 +1035,7 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
     ) -> XLNetForTokenClassificationOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         _check_token_labels(
-            type(self).__name__, labels, (input_ids, inputs_embeds), target_mapping, self.num_labels, "class ids",
+            type(self).__name__, labels, input_ids, inputs_embeds, target_mapping, self.num_labels, "class ids",
             f" (num_labels={self.num_labels})",
         )
         outputs = self.transformer(
@@ -1109,8 +1111,8 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         if labels is not None:
             check_class_ids(name, labels, batch_size, num_choices, "choice indices", f" (num_choices={num_choices})")
 
-        def flat(tensor, trailing=1):
-            return None if tensor is None else tensor.reshape(-1, *tensor.shape[-trailing:])
+        def flat(tensor):  # [batch_size, num_choices, ...] -> [batch_size * num_choices, ...]
+            return None if tensor is None else tensor.flatten(0, 1)
 
         outputs = self.transformer(
             flat(input_ids),
@@ -1120,7 +1122,7 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
             mems=mems,
             perm_mask=perm_mask,
             target_mapping=target_mapping,
-            inputs_embeds=flat(inputs_embeds, 2),
+            inputs_embeds=flat(inputs_embeds),
             use_mems=use_mems,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -1167,10 +1169,10 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         output_hidden_states=None,
         **kwargs,
     ) -> XLNetForQuestionAnsweringSimpleOutput:
-        shape = inputs_shape(input_ids, inputs_embeds)
-        if shape is not None:  # positions past the end are ignored, as in transformers (see the loss below)
+        output = _output_positions(input_ids, inputs_embeds, target_mapping)
+        if output is not None:  # positions past the end are ignored, as in transformers (see the loss below)
             for field, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
-                check_span_positions(type(self).__name__, field, positions, *shape, ignore_beyond=True)
+                check_span_positions(type(self).__name__, field, positions, *output[:2], ignore_beyond=True)
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
@@ -1246,14 +1248,14 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         output_hidden_states=None,
         **kwargs,
     ) -> XLNetForQuestionAnsweringOutput:
-        shape = inputs_shape(input_ids, inputs_embeds)
-        if shape is not None:
+        output = _output_positions(input_ids, inputs_embeds, target_mapping)
+        if output is not None:
             name = type(self).__name__
             for field, positions in (("start_positions", start_positions), ("end_positions", end_positions),
                                      ("cls_index", cls_index)):  # fmt: skip
-                check_span_positions(name, field, positions, *shape, ignore_beyond=False)
+                check_span_positions(name, field, positions, *output[:2], ignore_beyond=False)
             if is_impossible is not None:
-                check_one_per_sequence(name, "is_impossible", is_impossible, shape[0])
+                check_one_per_sequence(name, "is_impossible", is_impossible, output[0])
         outputs = self.transformer(
             input_ids,
             attention_mask=attention_mask,
