@@ -126,15 +126,19 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32).
 
-        Each cluster's logits are turned into log-probabilities in place (logits - log-normaliser, plus the
-        cluster's own log-probability for a tail) and the clusters concatenated once."""
+        Each cluster's logits are turned into log-probabilities (logits - log-normaliser, plus the cluster's own
+        log-probability for a tail), in place unless autograd needs the logits (logsumexp's backward reads them), and
+        the clusters concatenated once."""
+
+        def minus(logits, offset):
+            return logits.sub(offset[:, None]) if logits.requires_grad else logits.sub_(offset[:, None])
+
         clusters = self._clusters()
         words, tails, normaliser = self._head(hidden, clusters)
-        pieces = [words.sub_(normaliser[:, None])]
+        pieces = [minus(words, normaliser)]
         for cluster in range(1, len(self.bounds)):
             logits = self._logits(hidden, *clusters[cluster])
-            offset = logits.logsumexp(-1) - tails[:, cluster - 1]
-            pieces.append(logits.sub_(offset[:, None]))
+            pieces.append(minus(logits, logits.logsumexp(-1) - tails[:, cluster - 1]))
         return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

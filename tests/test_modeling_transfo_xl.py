@@ -300,6 +300,14 @@ def test_sequence_classification_pools_the_last_real_token():
     assert isinstance(AutoModelForSequenceClassification.from_config(model.config), TransfoXLForSequenceClassification)
 
 
+def test_log_probabilities_are_differentiable():
+    """Gradients flow through `logits` (distillation, custom losses; torch.compile traces this backward whenever
+    gradients are enabled): the adaptive softmax normalises in place only without autograd."""
+    model = tiny_lm()
+    model(random_ids(2, 4)).logits.logsumexp(-1).sum().backward()
+    assert model.transformer.word_emb.emb_projs[0].grad.abs().sum() > 0
+
+
 # --- bad input -------------------------------------------------------------------------------------------------
 
 
