@@ -21,7 +21,10 @@ def reads_data() -> bool:
 
 def check_all(model: str, argument: str, valid: torch.Tensor, values: torch.Tensor, expected: str):
     """Raise a ValueError unless the boolean tensor `valid` is all True, naming the range of the invalid `values`
-    (read only on failure). In a compiled / traced graph, an in-graph assertion instead (see the module docstring)."""
+    (read only on failure). In a compiled / traced graph, an in-graph assertion instead (see the module docstring).
+
+    `expected` must not print a size the graph may trace as a symbol (a sequence length): formatting it would
+    specialise the graph to that size, hence one recompilation per length."""
     if not reads_data():
         torch._assert_async(valid.all(), f"{model}: `{argument}` has values out of range; expected {expected}.")
     elif not valid.all():
@@ -48,13 +51,19 @@ def check_integer(model: str, argument: str, tensor, what: str):
 
 
 def check_values_in(model: str, argument: str, tensor, low, high, what: str, note="", ignore_index=None):
-    """Every value of `tensor` lies in [low, high) (no upper bound when `high` is None) or equals `ignore_index`."""
+    """Every value of `tensor` lies in [low, high) (no upper bound when `high` is None) or equals `ignore_index`.
+    `high` may be a size (a sequence length): it is printed only in eager mode (see `check_all`)."""
     if tensor.numel() == 0:
         return
     valid = tensor >= low if high is None else (tensor >= low) & (tensor < high)
     if ignore_index is not None:
         valid = valid | (tensor == ignore_index)
-    allowed = f">= {low}" if high is None else f"in [{low}, {high - 1}]"
+    if high is None:
+        allowed = f">= {low}"
+    elif isinstance(high, int):  # in eager mode always; while tracing unless the size is a symbol
+        allowed = f"in [{low}, {high - 1}]"
+    else:
+        allowed = f"in [{low}, the sequence length)"
     ignored = "" if ignore_index is None else f" or {ignore_index} (ignored)"
     check_all(model, argument, valid, tensor, f"{what} {allowed}{note}{ignored}")
 
@@ -165,7 +174,7 @@ def check_span_positions(model: str, argument: str, positions, batch_size: int, 
     check_integer(model, argument, positions, "token positions")
     check_one_per_sequence(model, argument, positions, batch_size)
     if ignore_beyond:
-        note = f" (positions >= seq_len={seq_len} are ignored, as in transformers)"
+        note = " (positions past the end of the sequence are ignored, as in transformers)"
         check_values_in(model, argument, positions, 0, None, "token positions", note)
     else:
-        check_values_in(model, argument, positions, 0, seq_len, "token positions", f" (seq_len={seq_len})")
+        check_values_in(model, argument, positions, 0, seq_len, "token positions")

@@ -570,7 +570,7 @@ class XLNetModel(XLNetPreTrainedModel):
         batch, length = check_inputs(name, input_ids, inputs_embeds, self.config.vocab_size, self.config.d_model)
 
         def expect(field, tensor, shape, described):
-            check_shape(name, field, tensor, shape, described, f" (batch_size={batch}, seq_len={length} from the inputs)")
+            check_shape(name, field, tensor, shape, described, " (batch_size, seq_len from the inputs)")
 
         expect("attention_mask", attention_mask, (batch, length), "[batch_size, seq_len]")
         expect("input_mask", input_mask, (batch, length), "[batch_size, seq_len]")
@@ -1109,7 +1109,7 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
             check_shape(name, field, tensor, reference.shape[:3], "[batch_size, num_choices, seq_len]",
                         " (from the inputs)")  # fmt: skip
         if labels is not None:
-            check_class_ids(name, labels, batch_size, num_choices, "choice indices", f" (num_choices={num_choices})")
+            check_class_ids(name, labels, batch_size, num_choices, "choice indices", "")
 
         def flat(tensor):  # [batch_size, num_choices, ...] -> [batch_size * num_choices, ...]
             return None if tensor is None else tensor.flatten(0, 1)

@@ -8,22 +8,15 @@ import torch
 import torch.nn.functional as F
 
 import transformers_xl
+import transformers_xl.modeling.modeling_transfo_xl as transfo_xl
 import transformers_xl.modeling.modeling_xlnet as xlnet
 from transformers_xl import TransfoXLConfig
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 
 VOCAB, BATCH, LENGTH, CHOICES, MEM_LEN, D_MODEL = 60, 2, 5, 3, 4, 16
-TRANSFO_XL_HEADS = ["TransfoXLModel", "TransfoXLLMHeadModel", "TransfoXLForSequenceClassification"]
-XLNET_HEADS = [
-    "XLNetModel",
-    "XLNetLMHeadModel",
-    "XLNetForSequenceClassification",
-    "XLNetForTokenClassification",
-    "XLNetForMultipleChoice",
-    "XLNetForQuestionAnsweringSimple",
-    "XLNetForQuestionAnswering",
-]
-HEADS = TRANSFO_XL_HEADS + XLNET_HEADS
+# every model class of both modeling files
+TRANSFO_XL_HEADS = [name for name in transfo_xl.__all__ if not name.endswith("PreTrainedModel")]
+HEADS = TRANSFO_XL_HEADS + [name for name in xlnet.__all__ if name.startswith("XLNet") and "PreTrained" not in name]
 LABELLED_HEADS = [name for name in HEADS if name not in ("TransfoXLModel", "XLNetModel")]
 
 
@@ -285,7 +278,7 @@ def test_simple_qa_ignores_positions_past_the_end_and_refuses_negative_ones():
                 torch.tensor([2, 3]))) / 2  # fmt: skip
     torch.testing.assert_close(out.loss, expected)
     refused(model, ValueError, r"`end_positions` has 1 value\(s\) out of range, in \[-1, -1\]; expected token "
-            r"positions >= 0 \(positions >= seq_len=5 are ignored", input_ids=ids, start_positions=torch.tensor([1, 2]),
+            r"positions >= 0 \(positions past the end of the sequence are ignored", input_ids=ids, start_positions=torch.tensor([1, 2]),
             end_positions=torch.tensor([-1, 3]))  # fmt: skip
 
 
@@ -297,7 +290,7 @@ def test_qa_refuses_positions_outside_the_sequence(field, value):
     model(input_ids=token_ids("XLNetModel"), **inputs)
     inputs[field] = torch.tensor([0, value])
     refused(model, ValueError, rf"`{field}` has 1 value\(s\) out of range, in \[{value}, {value}\]; expected token "
-            r"positions in \[0, 4\] \(seq_len=5\)", input_ids=token_ids("XLNetModel"), **inputs)  # fmt: skip
+            r"positions in \[0, 4\]\.", input_ids=token_ids("XLNetModel"), **inputs)  # fmt: skip
 
 
 # --- half precision --------------------------------------------------------------------------------------------
