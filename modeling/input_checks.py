@@ -63,7 +63,7 @@ def check_values_in(model: str, argument: str, tensor, low, high, what: str, not
     elif isinstance(high, int):  # in eager mode always; while tracing unless the size is a symbol
         allowed = f"in [{low}, {high - 1}]"
     else:
-        allowed = f"in [{low}, the sequence length)"
+        allowed = f">= {low} and below the size of the input"
     ignored = "" if ignore_index is None else f" or {ignore_index} (ignored)"
     check_all(model, argument, valid, tensor, f"{what} {allowed}{note}{ignored}")
 
