@@ -67,6 +67,9 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
         """The legacy name of `logits`."""
         return self.logits
 
+    def __getitem__(self, key):
+        return super().__getitem__("logits" if key == "prediction_scores" else key)
+
 
 @dataclass
 class TransfoXLSequenceClassifierOutputWithPast(ModelOutput):
@@ -372,7 +375,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
     def _attention_mask(self, query_length, memory_length, attention_mask, device):
         """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
         and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
-        whole history; its last k columns are then the memory and the segment."""
+        whole history; its last columns are then the newest memory positions and the segment. Memory positions
+        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
         if span is None:
@@ -384,12 +388,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             keep = attention_mask.bool()
             if keep.shape[1] >= key_length:
                 keep = keep[:, -key_length:]
-            elif keep.shape[1] == query_length:
-                keep = F.pad(keep, (memory_length, 0), value=True)
+            elif keep.shape[1] >= query_length:
+                keep = F.pad(keep, (key_length - keep.shape[1], 0), value=True)
             else:
                 raise ValueError(
-                    f"TransfoXLModel: attention_mask has {keep.shape[1]} columns; expected the segment length "
-                    f"({query_length}) or at least memory + segment ({key_length})."
+                    f"TransfoXLModel: attention_mask has {keep.shape[1]} columns; expected at least the segment length "
+                    f"({query_length}): the segment, or the history before it too (memory + segment: {key_length})."
                 )
             mask = mask | ~keep[:, None, None, :]
         return mask
@@ -416,7 +420,6 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ) -> TransfoXLModelOutput | tuple:
         """`mems` (legacy tuple) or `cache` (a MemoryCache, updated in place) carry the memory; outputs always
         hold the new `mems`, and the cache itself when `use_cache` is set or a cache was given."""
@@ -528,6 +531,9 @@ def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) ->
 class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     """Transformer-XL with the projected adaptive softmax (optionally trained with a sampled softmax)."""
 
+    # forward() takes no **kwargs (unknown arguments are a TypeError), so tell Trainer it takes `num_items_in_batch`.
+    accepts_loss_kwargs = True
+
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
         self.transformer = TransfoXLModel(config)
@@ -557,10 +563,14 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
     ) -> TransfoXLLMHeadModelOutput | tuple:
         """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions.
-        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches."""
+        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches.
+
+        With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
+        `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
+        `config.trainer_compatible` is true (`()` stands where 4.x put its empty prediction scores). `...` is the
+        cache (when one is used), hidden states and attentions that were asked for; absent entries are left out."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
             input_ids,
@@ -582,8 +592,12 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             losses, loss = self._losses(hidden, labels, num_items_in_batch)
 
         if not return_dict:
-            fields = (loss, losses, logits, outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
-            return tuple(v for v in fields if v is not None)
+            rest = tuple(v for v in (outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions) if v is not None)
+            if labels is None:
+                return (logits, *rest)
+            if getattr(self.config, "trainer_compatible", False):
+                return (loss, (), losses, *rest)
+            return (losses, (), *rest, loss)
         return TransfoXLLMHeadModelOutput(
             loss=loss,
             losses=losses,
@@ -594,38 +608,30 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
         )
 
-    def prepare_inputs_for_generation(
-        self,
-        input_ids,
-        next_sequence_length=None,
-        cache=None,
-        mems=None,
-        attention_mask=None,
-        use_cache=True,
-        is_first_iteration=False,
-        **kwargs,
-    ):
-        """Feed only the tokens the memory has not seen. The first call runs the prompt (after any `mems` the user
-        gave, expanded to the beams / return sequences); every later call runs the newest token against the cache.
-        With `use_cache=False` every step recomputes the whole sequence from an empty memory."""
-        if not use_cache:
-            return {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
-        if cache is None:
-            cache = (
-                MemoryCache(self.config.n_layer, self.config.mem_len)
-                if mems is None
-                else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=input_ids.shape[0])
-            )
-        elif next_sequence_length is not None:
-            input_ids = input_ids[:, -next_sequence_length:]
-        # Only the last position's distribution is needed to pick the next token.
-        return {
-            "input_ids": input_ids,
-            "cache": cache,
-            "attention_mask": attention_mask,
-            "use_cache": True,
-            "logits_to_keep": 1,
-        }
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, *args):
+        """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
+        it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. transformers'
+        `prepare_inputs_for_generation` then feeds only the tokens the memory has not seen and forwards every other
+        keyword. Without a cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, *args)
+        mems = model_kwargs.pop("mems", None)
+        if model_kwargs.get("cache") is not None:
+            if mems is not None:
+                raise ValueError("TransfoXLLMHeadModel.generate: pass the memory as `cache` or as `mems`, not both.")
+            return
+        expanded = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+        cache = (
+            MemoryCache(self.config.n_layer, self.config.mem_len)
+            if mems is None
+            else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=expanded)
+        )
+        if generation_config.use_cache is False:
+            if cache.mems is not None:
+                model_kwargs["mems"] = cache.mems
+            return
+        if generation_config.is_assistant:  # an assistant's drafts are cropped after every round
+            cache.activate_past_recording()
+        model_kwargs["cache"] = cache
 
     def _losses(self, hidden, labels, num_items_in_batch):
         """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""
@@ -675,7 +681,6 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(

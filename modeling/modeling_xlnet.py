@@ -899,12 +899,12 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             mem_len = self.config.mem_len - 1 if self.config.mem_len else None  # the dummy's slot
             if cache is None and mems is not None:  # transformers reads user mems as ending with its dummy token
                 cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
-                cache.crop(self.generation_offset)
+                cache.crop(-self.generation_offset)
                 input_ids = input_ids[:, -self.generation_offset :]
             elif cache is None:
                 cache = MemoryCache(self.config.n_layer, mem_len)
             elif cache.memory(0) is not None:  # forget the last token, recomputed now together with the new one
-                cache.crop(self.generation_offset - 1)
+                cache.crop(1 - self.generation_offset)
                 input_ids = input_ids[:, -self.generation_offset :]
         model_inputs = {
             "input_ids": input_ids,
