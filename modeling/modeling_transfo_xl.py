@@ -9,6 +9,7 @@ Memory layout: `mems` (inputs and outputs) is a tuple with one tensor per layer,
 inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. Inside, everything is batch-first.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from .relative_attention import (
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
+from .stop_strings import WordLevelStopStringCriteria
 
 
 @dataclass
@@ -610,9 +612,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, *args):
         """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
-        it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. transformers'
-        `prepare_inputs_for_generation` then feeds only the tokens the memory has not seen and forwards every other
-        keyword. Without a cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
+        it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
+        cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, *args)
         mems = model_kwargs.pop("mems", None)
         if model_kwargs.get("cache") is not None:
@@ -632,6 +633,22 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         if generation_config.is_assistant:  # an assistant's drafts are cropped after every round
             cache.activate_past_recording()
         model_kwargs["cache"] = cache
+
+    def prepare_inputs_for_generation(self, input_ids, tokenizer=None, **kwargs):
+        """transformers' inputs: only the tokens the memory has not seen, every other keyword forwarded except the
+        `tokenizer` generate() takes for stop strings, which reaches here among the model keywords."""
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None):
+        """transformers' criteria, with `stop_strings` matched by `WordLevelStopStringCriteria`: transformers' own
+        cannot learn the text of a word-level vocabulary's tokens (see `stop_strings`)."""
+        if generation_config.stop_strings is None or tokenizer is None:  # (transformers explains a missing tokenizer)
+            return super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer)
+        without_stop_strings = copy.copy(generation_config)
+        without_stop_strings.stop_strings = None
+        criteria = super()._get_stopping_criteria(without_stop_strings, stopping_criteria, tokenizer)
+        criteria.append(WordLevelStopStringCriteria(tokenizer, generation_config.stop_strings))
+        return criteria
 
     def _losses(self, hidden, labels, num_items_in_batch):
         """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""
