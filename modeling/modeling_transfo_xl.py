@@ -283,6 +283,38 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
         """The memory is not a key/value cache: `generate` must not substitute a DynamicCache for it."""
         return False
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the vocabulary at its end, which is the last adaptive cluster (e.g. to add special tokens for
+        fine-tuning): the cutoffs stay, so every other cluster, and the log-probabilities of its ids, are unchanged.
+        The embedding table (and, in the LM head, the softmax layer) of that cluster gains or loses rows at its end;
+        new rows start as transformers starts them (around the old rows' mean with `mean_resizing`), tied weights
+        stay tied. Shrinking is allowed while the last cluster keeps at least one id."""
+        embedding = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return embedding
+        vocab_size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None:
+            vocab_size = -(-vocab_size // pad_to_multiple_of) * pad_to_multiple_of
+        last_start = embedding.bounds[-1][0]
+        if not isinstance(vocab_size, int) or vocab_size <= last_start:
+            raise ValueError(
+                f"{type(self).__name__}.resize_token_embeddings: got new_num_tokens={new_num_tokens!r}; expected an "
+                f"integer above {last_start}: resizing changes the last adaptive cluster (ids {last_start} to "
+                f"{self.config.vocab_size - 1}), which must keep at least one id (`cutoffs` = {self.config.cutoffs})."
+            )
+        if vocab_size != self.config.vocab_size:
+            # Output layers first: a weight tied to the embedding still has its old rows, to resize with its bias.
+            self._resize_output_layers(vocab_size, mean_resizing)
+            embedding.resize(
+                vocab_size, lambda table, rows: self._get_resized_embeddings(table, rows, mean_resizing=mean_resizing)
+            )
+            self.config.vocab_size = vocab_size
+            self.tie_weights()
+        return embedding
+
+    def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
+        """Heads that score the vocabulary resize their output layers here; the others have none."""
+
     def _init_weights(self, module):
         """The original code's initialisation (`weights_init` in kimiyoung/transformer-xl)."""
         config = self.config
@@ -633,6 +665,17 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         if generation_config.is_assistant:  # an assistant's drafts are cropped after every round
             cache.activate_past_recording()
         model_kwargs["cache"] = cache
+
+    def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
+        """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
+        (new ids start at 0, as `_init_weights` starts it) and sampler."""
+        self.crit.resize(
+            vocab_size, lambda layer, rows: self._get_resized_lm_head(layer, rows, mean_resizing=mean_resizing)
+        )
+        if self.out_bias is not None:
+            bias = self.out_bias.detach()[:vocab_size]
+            self.out_bias = nn.Parameter(F.pad(bias, (0, vocab_size - bias.shape[0])))
+            self.sampler = LogUniformSampler(vocab_size, self.config.sample_softmax)
 
     def prepare_inputs_for_generation(self, input_ids, tokenizer=None, **kwargs):
         """transformers' inputs: only the tokens the memory has not seen, every other keyword forwarded except the
