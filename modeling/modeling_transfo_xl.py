@@ -677,10 +677,10 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             self.out_bias = nn.Parameter(F.pad(bias, (0, vocab_size - bias.shape[0])))
             self.sampler = LogUniformSampler(vocab_size, self.config.sample_softmax)
 
-    def prepare_inputs_for_generation(self, input_ids, tokenizer=None, **kwargs):
-        """transformers' inputs: only the tokens the memory has not seen, every other keyword forwarded except the
-        `tokenizer` generate() takes for stop strings, which reaches here among the model keywords."""
-        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+    def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, tokenizer=None, **kwargs):
+        """transformers' inputs: only the tokens the memory has not seen (or the prompt's `inputs_embeds`), every
+        other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along."""
+        return super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
 
     def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None):
         """transformers' criteria, with `stop_strings` matched by `WordLevelStopStringCriteria`: transformers' own
