@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, Trainer, TrainingArguments
+from transformers import (
+    AutoTokenizer,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TextStreamer,
+    Trainer,
+    TrainingArguments,
+)
 
 from test_generation_transfo_xl import prompt, scrambled_lm
 from test_generation_xlnet import ids as xlnet_ids
@@ -186,6 +193,7 @@ STRATEGIES = {
     "beam sampling": dict(num_beams=3, do_sample=True),
     "logits processors": dict(repetition_penalty=1.5, no_repeat_ngram_size=2, bad_words_ids=[[7]], min_new_tokens=4),
     "scores": dict(return_dict_in_generate=True, output_scores=True, output_logits=True),
+    "streamer": dict(streamer=TextStreamer(tiny_xlnet_tokenizer())),  # (any tokenizer: the tokens are only printed)
 }
 TXL_ONLY = {"prompt lookup": dict(prompt_lookup_num_tokens=2), "chunked prefill": dict(prefill_chunk_size=2)}
 
