@@ -166,7 +166,7 @@ class TransfoXLConfig(PreTrainedConfig):
                 "d_embed",
                 self.d_embed,
                 f"at least div_val**{len(self.cutoffs)} = {self.div_val ** len(self.cutoffs)}: cluster i embeds its "
-                f"ids in d_embed // div_val**i dimensions, which is 0 for the last of the {len(self.cutoffs) + 1} clusters",
+                f"ids in d_embed // div_val**i dimensions, 0 for the last of the {len(self.cutoffs) + 1} clusters",
             )
         if self.attn_type not in ATTENTION_TYPES:
             fail("attn_type", self.attn_type, f"one of {sorted(ATTENTION_TYPES)}: {ATTENTION_TYPES}")

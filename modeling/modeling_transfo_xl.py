@@ -626,7 +626,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             losses, loss = self._losses(hidden, labels, num_items_in_batch)
 
         if not return_dict:
-            rest = tuple(v for v in (outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions) if v is not None)
+            rest = (outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
+            rest = tuple(v for v in rest if v is not None)
             if labels is None:
                 return (logits, *rest)
             if getattr(self.config, "trainer_compatible", False):
@@ -641,6 +642,17 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+    def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
+        """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
+        (new ids start at 0, as `_init_weights` starts it) and sampler."""
+        self.crit.resize(
+            vocab_size, lambda layer, rows: self._get_resized_lm_head(layer, rows, mean_resizing=mean_resizing)
+        )
+        if self.out_bias is not None:
+            bias = self.out_bias.detach()[:vocab_size]
+            self.out_bias = nn.Parameter(F.pad(bias, (0, vocab_size - bias.shape[0])))
+            self.sampler = LogUniformSampler(vocab_size, self.config.sample_softmax)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, *args):
         """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
@@ -665,17 +677,6 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         if generation_config.is_assistant:  # an assistant's drafts are cropped after every round
             cache.activate_past_recording()
         model_kwargs["cache"] = cache
-
-    def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
-        """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
-        (new ids start at 0, as `_init_weights` starts it) and sampler."""
-        self.crit.resize(
-            vocab_size, lambda layer, rows: self._get_resized_lm_head(layer, rows, mean_resizing=mean_resizing)
-        )
-        if self.out_bias is not None:
-            bias = self.out_bias.detach()[:vocab_size]
-            self.out_bias = nn.Parameter(F.pad(bias, (0, vocab_size - bias.shape[0])))
-            self.sampler = LogUniformSampler(vocab_size, self.config.sample_softmax)
 
     def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, tokenizer=None, **kwargs):
         """transformers' inputs: only the tokens the memory has not seen (or the prompt's `inputs_embeds`), every

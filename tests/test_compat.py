@@ -60,14 +60,17 @@ def test_generate_returns_every_steps_attentions_and_hidden_states():
     """The keywords transformers passes through prepare_inputs_for_generation reach forward (shapes: README)."""
     settings = dict(max_new_tokens=3, return_dict_in_generate=True, output_attentions=True, output_hidden_states=True)
     out = greedy(scrambled_lm(), prompt(length=7), **settings)
-    assert [[a.shape for a in step] for step in out.attentions] == [[(2, 4, 7, 7)] * 2, [(2, 4, 1, 8)] * 2, [(2, 4, 1, 9)] * 2]
-    assert [[h.shape for h in step] for step in out.hidden_states] == [[(2, 7, 32)] * 3, [(2, 1, 32)] * 3, [(2, 1, 32)] * 3]
+    attentions = [[a.shape for a in step] for step in out.attentions]
+    assert attentions == [[(2, 4, 7, 7)] * 2, [(2, 4, 1, 8)] * 2, [(2, 4, 1, 9)] * 2]
+    hidden = [[h.shape for h in step] for step in out.hidden_states]
+    assert hidden == [[(2, 7, 32)] * 3, [(2, 1, 32)] * 3, [(2, 1, 32)] * 3]
 
     _, xlnet = scrambled_pair(mem_len=8)
     out = greedy(xlnet, xlnet_ids(2, 7), **settings)
     # per layer (content stream, query stream); no dummy token, memory mem_len - 1 = 7, cropped by 1 each step
     attentions = [[tuple(a.shape for a in layer) for layer in step] for step in out.attentions]
-    assert attentions == [[((2, 4, 7, 7), (2, 4, 1, 7))] * 2, [((2, 4, 2, 8), (2, 4, 1, 8))] * 2, [((2, 4, 2, 8), (2, 4, 1, 8))] * 2]
+    later = [((2, 4, 2, 8), (2, 4, 1, 8))] * 2
+    assert attentions == [[((2, 4, 7, 7), (2, 4, 1, 7))] * 2, later, later]
     # [content, query] per layer input, then the output pair
     hidden = [[h.shape for h in step] for step in out.hidden_states]
     assert hidden == [[(2, 7, 32), (2, 1, 32)] * 3, [(2, 2, 32), (2, 1, 32)] * 3, [(2, 2, 32), (2, 1, 32)] * 3]
@@ -83,7 +86,8 @@ def test_transfo_xl_assisted_decoding_and_prompt_lookup_give_greedys_tokens(stra
         helper = dict(prompt_lookup_num_tokens=3)
     else:  # a smaller model of the same kind; the model itself as its own assistant accepts every draft
         helper = dict(assistant_model=scrambled_lm(mem_len=64, seed=3, n_layer=1))
-        assert torch.equal(greedy(model, ids, max_new_tokens=24, repetition_penalty=1.3, assistant_model=model), expected)
+        itself = greedy(model, ids, max_new_tokens=24, repetition_penalty=1.3, assistant_model=model)
+        assert torch.equal(itself, expected)
     lengths = counting_forward_calls(model)
     assert torch.equal(greedy(model, ids, max_new_tokens=24, repetition_penalty=1.3, **helper), expected)
     assert max(lengths[1:]) > 1  # drafts were verified several tokens at a time
@@ -296,7 +300,8 @@ def test_transfo_xl_resize_grows_the_last_cluster(div_val, cutoffs, d_embed, tmp
     last = cutoffs[-1] if cutoffs else 0
     torch.testing.assert_close(after[..., :last], before[..., :last], rtol=0, atol=0)  # other clusters: unchanged
     # the last cluster is renormalised over its new ids: its old ids keep their ratios
-    torch.testing.assert_close(after[..., last:90] - after[..., last:last + 1], before[..., last:] - before[..., last:last + 1])
+    ratios = lambda logits: logits[..., last:90] - logits[..., last : last + 1]  # noqa: E731
+    torch.testing.assert_close(ratios(after), ratios(before))
 
     model.save_pretrained(tmp_path)
     reloaded = TransfoXLLMHeadModel.from_pretrained(tmp_path).eval()
@@ -328,7 +333,8 @@ def test_transfo_xl_resize_shrinks_the_last_cluster_or_refuses():
 def test_transfo_xl_resize_base_model_classifier_and_sampled_softmax():
     base = TransfoXLModel(TransfoXLConfig(**TINY_TXL))
     base.resize_token_embeddings(95)
-    assert base.word_emb.emb_layers[-1].num_embeddings == 45 and base(torch.tensor([[94]])).last_hidden_state.shape == (1, 1, 32)
+    assert base.word_emb.emb_layers[-1].num_embeddings == 45
+    assert base(torch.tensor([[94]])).last_hidden_state.shape == (1, 1, 32)
     classifier = TransfoXLForSequenceClassification(TransfoXLConfig(**TINY_TXL))
     classifier.resize_token_embeddings(95)
     assert classifier(torch.tensor([[94, 3]])).logits.shape == (1, 2)
