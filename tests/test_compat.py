@@ -276,10 +276,14 @@ def train_on_new_token(model, new_id, steps=30):
     return before, log_prob()
 
 
-@pytest.mark.parametrize("div_val, cutoffs, d_embed", [(2, [20, 50], 32), (1, [20, 50], 16), (1, [], 32)])
-def test_transfo_xl_resize_grows_the_last_cluster(div_val, cutoffs, d_embed, tmp_path):
+@pytest.mark.parametrize(
+    "div_val, cutoffs, d_embed, tie_weight",
+    [(2, [20, 50], 32, True), (1, [20, 50], 16, True), (1, [], 32, True), (2, [20, 50], 32, False)],
+)
+def test_transfo_xl_resize_grows_the_last_cluster(div_val, cutoffs, d_embed, tie_weight, tmp_path):
     torch.manual_seed(0)
-    config = TransfoXLConfig(**{**TINY_TXL, "div_val": div_val, "cutoffs": cutoffs, "d_embed": d_embed})
+    overrides = dict(div_val=div_val, cutoffs=cutoffs, d_embed=d_embed, tie_weight=tie_weight)
+    config = TransfoXLConfig(**{**TINY_TXL, **overrides})
     model = TransfoXLLMHeadModel(config).eval()
     ids = torch.randint(0, 90, (2, 9))
     with torch.no_grad():
@@ -290,8 +294,11 @@ def test_transfo_xl_resize_grows_the_last_cluster(div_val, cutoffs, d_embed, tmp
 
     embedding = model.resize_token_embeddings(93)
     assert embedding is model.get_input_embeddings() is model.transformer.word_emb
+    model.set_input_embeddings(embedding)
+    assert model.get_input_embeddings() is embedding
     assert model.config.vocab_size == 93 and model.config.cutoffs == cutoffs
-    assert model.crit.out_layers[-1].weight is embedding.emb_layers[-1].weight  # still tied
+    assert (model.crit.out_layers[-1].weight is embedding.emb_layers[-1].weight) == tie_weight  # tied as before
+    assert model.crit.out_layers[-1].weight.shape == embedding.emb_layers[-1].weight.shape
     assert model.crit.out_layers[-1].bias.shape[0] == embedding.emb_layers[-1].weight.shape[0]
     with torch.no_grad():
         after = model(ids).logits
@@ -353,6 +360,7 @@ def test_xlnet_resize_keeps_the_head_tied_with_its_bias(tmp_path):
         before = model(ids).logits
     model.resize_token_embeddings(43)
     assert model.lm_loss.weight is model.get_input_embeddings().weight and model.lm_loss.bias.shape == (43,)
+    assert model.get_output_embeddings() is model.lm_loss and model.config.vocab_size == 43
     with torch.no_grad():
         after = model(ids).logits
     torch.testing.assert_close(after[..., :40], before, rtol=0, atol=0)  # logits: old tokens unchanged
