@@ -654,11 +654,11 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             self.out_bias = nn.Parameter(F.pad(bias, (0, vocab_size - bias.shape[0])))
             self.sampler = LogUniformSampler(vocab_size, self.config.sample_softmax)
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, *args):
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
         """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
         it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
         cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, *args)
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_length)
         mems = model_kwargs.pop("mems", None)
         if model_kwargs.get("cache") is not None:
             if mems is not None:
