@@ -34,7 +34,7 @@ def test_quick_run_writes_finite_metrics_and_its_settings(quick_run):
     assert settings["quick"] is True and settings["seed"] == 3
     assert {name: settings[name] for name in demo.QUICK} == demo.QUICK
     assert metrics["attention_length"] == settings["mem_len"]
-    assert settings["train_chars"] == settings["steps"] * settings["batch_size"] * settings["segment_len"] + 4
+    assert settings["train_chars"] == (settings["steps"] * settings["segment_len"] + 1) * settings["batch_size"]
     assert settings["eval_chars_used"] == settings["eval_chars"] and settings["speed_chars_used"] == settings["speed_chars"]
     assert settings["train_files"] >= 1 and settings["eval_files"] >= 1 and settings["parameters"] > 0
     steps = [step for step, _ in metrics["learning_curve"]]
@@ -138,6 +138,9 @@ def test_state_reuse_and_the_sliding_window_predict_from_the_same_context():
     ids = torch.randint(20, (60,), generator=torch.Generator().manual_seed(0))
     for n_layer in (1, 2):
         model = demo.build_model({**demo.QUICK, "n_layer": n_layer, "mem_len": 5, "seed": 0}, vocab_size=20)
+        with torch.no_grad():  # weights large enough for the context to change the predictions
+            for parameter in model.parameters():
+                parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(parameter.numel()))
         speed = demo.evaluation_speed(model, ids, attention_length=8, segment_len=3, chars=40)
         assert speed["chars"] == 40 and speed["speedup"] > 0
         assert (model.config.mem_len, model.config.same_length) == (5, False)
@@ -168,9 +171,12 @@ def test_bad_options_are_refused_by_the_parser(options, message, capsys):
     [
         (["--d-model", "30", "--n-head", "4"], "--n-head 4 must divide --d-model 30"),
         (["--segment-len", "1"], "--segment-len must be at least 2"),
+        (["--output-dir", "README.md"], "--output-dir README.md is a file; expected a folder"),
     ],
 )
-def test_inconsistent_options_are_refused_before_anything_runs(options, message, capsys, tmp_path):
-    assert main(["demo", "--quick", "--output-dir", str(tmp_path / "out"), *options]) == 2
+def test_inconsistent_options_are_refused_before_anything_runs(options, message, capsys, tmp_path, monkeypatch):
+    (tmp_path / "README.md").write_text("not a folder")
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--quick", "--output-dir", "out", *options]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

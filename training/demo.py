@@ -104,6 +104,8 @@ def settings_from(args) -> dict:
         raise ValueError(
             f"--n-head {settings['n_head']} must divide --d-model {settings['d_model']} (each head gets d_model / n_head)."
         )
+    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise ValueError(f"--output-dir {args.output_dir} is a file; expected a folder (it is created if missing).")
     if settings["segment_len"] < 2:
         raise ValueError(f"--segment-len must be at least 2 (a segment predicts its own characters), got {settings['segment_len']}.")
     return settings
@@ -283,6 +285,10 @@ def evaluation_speed(model, ids, attention_length: int, segment_len: int, chars:
     saved = config.mem_len, config.same_length
     ids = ids[: attention_length + chars + 1].to(device)
     chars = len(ids) - attention_length - 1
+    if chars < 1:
+        raise ValueError(
+            f"evaluation_speed: {len(ids)} ids leave nothing to predict after an attention length of {attention_length}."
+        )
     targets = ids[attention_length + 1 :]
     results = {}
     model.eval()
@@ -371,7 +377,7 @@ def plot(metrics: dict, path: Path):
     bars = speed.bar(["state reuse\n(memory)", "sliding window\n(recompute)"], milliseconds,
                      color=["tab:green", "tab:gray"])  # fmt: skip
     speed.bar_label(bars, fmt="%.2f")
-    speed.set(ylabel="ms per character", yscale="log",
+    speed.set(ylabel="ms per character",
               title=f"Evaluation, attention length {metrics['attention_length']}: {metrics['eval_speedup']:.0f}x")  # fmt: skip
     figure.tight_layout()
     figure.savefig(path, dpi=100)
