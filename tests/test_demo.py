@@ -77,12 +77,8 @@ def test_the_model_folder_reloads_with_the_auto_classes_and_gives_the_trained_mo
 
 
 NO_PLUGIN = r"""
-import importlib.abc, sys
-class Blocker(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "transformers_xl":
-            raise ModuleNotFoundError(name)
-sys.meta_path.insert(0, Blocker())
+import sys
+sys.modules["transformers_xl"] = None  # `import transformers_xl` now fails: the plugin is absent
 import torch, transformers
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
 tokenizer = transformers.AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
@@ -90,7 +86,7 @@ assert type(model).__module__.startswith("transformers_modules"), type(model)
 ids = tokenizer(sys.argv[2], return_tensors="pt")["input_ids"]
 with torch.no_grad():
     torch.save(model(ids).logits, sys.argv[3])
-assert "transformers_xl" not in sys.modules
+assert sys.modules["transformers_xl"] is None and not any(name.startswith("transformers_xl.") for name in sys.modules)
 """
 
 
@@ -180,3 +176,11 @@ def test_inconsistent_options_are_refused_before_anything_runs(options, message,
     assert main(["demo", "--quick", "--output-dir", "out", *options]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_python_without_its_standard_library_sources_gets_a_clear_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "stdlib" / "json").mkdir(parents=True)
+    (tmp_path / "stdlib" / "json" / "__init__.pyc").write_bytes(b"")
+    monkeypatch.setattr(demo.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path / "stdlib")})
+    assert main(["demo", "--quick", "--output-dir", str(tmp_path / "out")]) == 1
+    assert "found no .py files in the standard library folder" in capsys.readouterr().err

@@ -18,13 +18,25 @@ a generated sample.
 import argparse
 import json
 import math
-import os
 import platform
 import sys
 import sysconfig
 import time
 import zlib
 from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerFast, TrainingArguments, set_seed
+from transformers.trainer_callback import ProgressCallback
+
+from ..conversion.remote_code import full_auto_map
+from ..modeling.configuration_transfo_xl import TransfoXLConfig
+from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
+from .memory_trainer import MemoryTrainer
+from .streams import TextStream
 
 # The numbers of the two settings; `--quick` is for tests and CI (well under a minute), the default takes about
 # 5 minutes on 2 CPU cores.
@@ -117,7 +129,11 @@ def run(args) -> int:
     except ValueError as error:
         print(f"transformers-xl demo: {error}", file=sys.stderr)
         return 2
-    metrics = run_demo(settings, Path(args.output_dir))
+    try:
+        metrics = run_demo(settings, Path(args.output_dir))
+    except FileNotFoundError as error:  # (no standard library sources to train on)
+        print(f"transformers-xl demo: {error}", file=sys.stderr)
+        return 1
     print(f"\nbits per character on held-out files: {metrics['bpc_with_memory']:.3f} with memory, "
           f"{metrics['bpc_without_memory']:.3f} without")  # fmt: skip
     print(f"evaluation speed-up of state reuse over a sliding window of {metrics['attention_length']} characters: "
@@ -138,27 +154,25 @@ def stdlib_files() -> tuple[Path, list[Path], list[Path]]:
     library outside test folders (and installed packages), held out when the CRC32 of its path says so, each list
     in the order of that hash (a fixed mix of the library, the same on every machine with this Python)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = [
-        path for path in root.rglob("*.py")
-        if not SKIPPED_FOLDERS.intersection(path.relative_to(root).parts[:-1]) and path.is_file()
-    ]  # fmt: skip
+    files = {}
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root)
+        if path.is_file() and not SKIPPED_FOLDERS.intersection(relative.parts[:-1]):
+            files[path] = zlib.crc32(relative.as_posix().encode())
     if not files:
         raise FileNotFoundError(
-            f"transformers-xl demo: found no .py files in the standard library folder {root} (this Python ships "
+            f"found no .py files in the standard library folder {root} (this Python ships "
             "without its sources); the demo trains on them."
         )
-    files.sort(key=lambda path: (zlib.crc32(path.relative_to(root).as_posix().encode()), path.as_posix()))
-    held_out = [p for p in files if zlib.crc32(p.relative_to(root).as_posix().encode()) % HELD_OUT_ONE_IN == 0]
-    training = [p for p in files if p not in set(held_out)]
+    ordered = sorted(files, key=lambda path: (files[path], path))
+    held_out = [path for path in ordered if files[path] % HELD_OUT_ONE_IN == 0]
+    training = [path for path in ordered if files[path] % HELD_OUT_ONE_IN != 0]
     return root, training, held_out
 
 
 def character_tokenizer():
     """A `tokenizers` character tokenizer (one token per character, no normalisation, decoding concatenates) as a
     transformers tokenizer: saved as `tokenizer.json`, it loads with `AutoTokenizer` anywhere."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocabulary = {token: i for i, token in enumerate([UNK, EOS, *CHARACTERS])}
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")  # (?m): `.` takes \n too
@@ -170,9 +184,6 @@ def character_tokenizer():
 
 def read_stream(tokenizer, files: list[Path], chars: int, description: str):
     """The first `chars` token ids of `files` read in order, each file followed by <eos> (fewer if they run out)."""
-    import torch
-    from tqdm.auto import tqdm
-
     pieces, total = [], 0
     with tqdm(total=chars, desc=description, unit="char", unit_scale=True, dynamic_ncols=True) as bar:
         for path in files:
@@ -189,12 +200,8 @@ def read_stream(tokenizer, files: list[Path], chars: int, description: str):
 # --- training -------------------------------------------------------------------------------------------------
 
 
-def build_model(settings: dict, vocab_size: int):
-    from transformers import set_seed
-
-    from ..modeling.configuration_transfo_xl import TransfoXLConfig
-    from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
-
+def build_model(settings: dict, vocab_size: int) -> TransfoXLLMHeadModel:
+    """The demo's Transformer-XL (plain softmax over the characters, no dropout: the data is seen once)."""
     set_seed(settings["seed"])
     d_model, n_head = settings["d_model"], settings["n_head"]
     config = TransfoXLConfig(
@@ -206,26 +213,16 @@ def build_model(settings: dict, vocab_size: int):
     return TransfoXLLMHeadModel(config)
 
 
-def make_progress_callback():
+class BitsPerCharacterProgress(ProgressCallback):
     """Trainer's own progress bar, showing the training bits per character instead of printing every log."""
-    from transformers.trainer_callback import ProgressCallback
 
-    class BitsPerCharacterProgress(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if self.training_bar is not None and logs and "loss" in logs:
-                self.training_bar.set_postfix(bpc=f"{logs['loss'] / math.log(2):.3f}")
-
-    return BitsPerCharacterProgress
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(bpc=f"{logs['loss'] / math.log(2):.3f}")
 
 
 def train(model, train_ids, settings: dict, output_dir: Path):
     """`MemoryTrainer` over a `TextStream` of `batch_size` rows; returns the trainer and the learning curve."""
-    from transformers import TrainingArguments
-    from transformers.trainer_callback import ProgressCallback
-
-    from .memory_trainer import MemoryTrainer
-    from .streams import TextStream
-
     steps = settings["steps"]
     args = TrainingArguments(
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=settings["batch_size"],
@@ -238,7 +235,7 @@ def train(model, train_ids, settings: dict, output_dir: Path):
         model=model, args=args, train_dataset=TextStream(train_ids, settings["batch_size"], settings["segment_len"])
     )
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(make_progress_callback())
+    trainer.add_callback(BitsPerCharacterProgress)
     trainer.train()
     curve = [(entry["step"], entry["loss"] / math.log(2)) for entry in trainer.state.log_history if "loss" in entry]
     return trainer, curve
@@ -249,8 +246,6 @@ def train(model, train_ids, settings: dict, output_dir: Path):
 
 def bits_per_character(trainer, eval_ids, settings: dict, mem_len: int) -> float:
     """`MemoryTrainer.evaluate` on the held-out stream, the model's memory set to `mem_len` for the evaluation."""
-    from .streams import TextStream
-
     config = trainer.model.config
     trained = config.mem_len
     config.mem_len = mem_len
@@ -278,9 +273,6 @@ def evaluation_speed(model, ids, attention_length: int, segment_len: int, chars:
     Same model, weights, threads and number of predictions per forward; returns the seconds per character and the
     bits per character of each side on those characters (close: the same context, but Transformer-XL's memory
     was itself computed with earlier context, Sec. 3.2)."""
-    import torch
-    from tqdm.auto import tqdm
-
     config, device = model.config, model.device
     saved = config.mem_len, config.same_length
     ids = ids[: attention_length + chars + 1].to(device)
@@ -331,8 +323,6 @@ def evaluation_speed(model, ids, attention_length: int, segment_len: int, chars:
 
 def generate_sample(model, tokenizer, seed: int) -> str:
     """A sampled continuation of SAMPLE_PROMPT (temperature 0.8, top-k 20), through `generate` and the memory cache."""
-    import torch
-
     torch.manual_seed(seed)
     prompt = tokenizer(SAMPLE_PROMPT, return_tensors="pt", add_special_tokens=False)["input_ids"].to(model.device)
     output = model.generate(prompt, max_new_tokens=SAMPLE_LENGTH, do_sample=True, temperature=0.8, top_k=20)
@@ -342,8 +332,6 @@ def generate_sample(model, tokenizer, seed: int) -> str:
 def save_model(model, tokenizer, folder: Path):
     """`save_pretrained` of the model (with its code, as `transformers-xl convert` writes it: see
     `conversion/remote_code`) and of the tokenizer."""
-    from ..conversion.remote_code import full_auto_map
-
     model.config.auto_map = full_auto_map(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -351,12 +339,8 @@ def save_model(model, tokenizer, folder: Path):
 
 def plot(metrics: dict, path: Path):
     """Three panels: training loss in bits per character, bpc with / without memory, evaluation time per character."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (curve, bpc, speed) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [2, 1, 1]})
+    figure = Figure(figsize=(15, 4.5))  # (no pyplot: no GUI backend, no global state)
+    curve, bpc, speed = figure.subplots(1, 3, gridspec_kw={"width_ratios": [2, 1, 1]})
     steps, bits = zip(*metrics["learning_curve"]) if metrics["learning_curve"] else ((), ())
     curve.plot(steps, bits, color="tab:blue", label="training (with memory)")
     for value, color, label in ((metrics["bpc_with_memory"], "tab:green", "held-out, with memory"),
@@ -381,7 +365,6 @@ def plot(metrics: dict, path: Path):
               title=f"Evaluation, attention length {metrics['attention_length']}: {metrics['eval_speedup']:.0f}x")  # fmt: skip
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 # --- the whole run ---------------------------------------------------------------------------------------------
@@ -389,8 +372,6 @@ def plot(metrics: dict, path: Path):
 
 def run_demo(settings: dict, output_dir: Path) -> dict:
     """Read, train, evaluate, time, sample and write everything; returns the metrics (also in metrics.json)."""
-    import torch
-
     started, cpu_started = time.perf_counter(), time.process_time()
     if settings["threads"] is not None:
         torch.set_num_threads(settings["threads"])
