@@ -167,6 +167,7 @@ def test_bad_options_are_refused_by_the_parser(options, message, capsys):
     [
         (["--d-model", "30", "--n-head", "4"], "--n-head 4 must divide --d-model 30"),
         (["--segment-len", "1"], "--segment-len must be at least 2"),
+        (["--eval-chars", "7"], "--eval-chars 7 cannot fill --batch-size 4 rows"),
         (["--output-dir", "README.md"], "--output-dir README.md is a file; expected a folder"),
     ],
 )

@@ -116,6 +116,11 @@ def settings_from(args) -> dict:
         raise ValueError(
             f"--n-head {settings['n_head']} must divide --d-model {settings['d_model']} (each head gets d_model / n_head)."
         )
+    if settings["eval_chars"] < 2 * settings["batch_size"]:
+        raise ValueError(
+            f"--eval-chars {settings['eval_chars']} cannot fill --batch-size {settings['batch_size']} rows of at "
+            "least 2 characters each."
+        )
     if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
         raise ValueError(f"--output-dir {args.output_dir} is a file; expected a folder (it is created if missing).")
     if settings["segment_len"] < 2:
