@@ -136,8 +136,9 @@ class TransfoXLTokenizer(TokenizersBackend):
         if tokenized:
             symbol_lines = (split_symbols(line, lower_case, add_eos) for line in lines)
         else:
+            # The pipeline of a tokenizer with the same settings splits the text (its placeholder vocabulary is unused).
             splitter = cls(vocab=[*special, "<unk>"], lower_case=lower_case, **kwargs)._tokenizer
-            symbol_lines = (splitter_words(splitter, line, add_eos) for line in lines)
+            symbol_lines = (pipeline_words(splitter, line, add_eos) for line in lines)
         vocab = build_vocab(symbol_lines, special, min_freq, max_size)
         return cls(vocab=vocab, lower_case=lower_case, add_eos=add_eos, **kwargs)
 
@@ -192,7 +193,7 @@ class TransfoXLTokenizer(TokenizersBackend):
         )
 
 
-def splitter_words(tokenizer: Tokenizer, line: str, add_eos: bool = False) -> list[str]:
+def pipeline_words(tokenizer: Tokenizer, line: str, add_eos: bool = False) -> list[str]:
     """The words `tokenizer`'s normaliser and pre-tokeniser make of `line` (then `<eos>` with `add_eos`)."""
     words = [word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(line))]
     return [*words, "<eos>"] if add_eos else words
