@@ -463,7 +463,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch_size):
             raise ValueError(
                 f"TransfoXLModel: `attention_mask` has shape {tuple(attention_mask.shape)}; expected [batch_size="
-                f"{batch_size}, columns] covering the segment or the memory and the segment (1 = token, 0 = padding)."
+                f"{batch_size}, columns]: the segment, or the history before it too (1 = token, 0 = padding)."
             )
         # The memory and the mask are resolved (and checked) before any computation, in the embeddings' dtype.
         hidden_like = inputs_embeds if inputs_embeds is not None else next(self.word_emb.parameters())
