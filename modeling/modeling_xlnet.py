@@ -799,6 +799,12 @@ class XLNetModel(XLNetPreTrainedModel):
         )
 
 
+def _drop_newest(cache: MemoryCache, count: int):
+    """transformers' `mem[:-count]`: forget the newest `count` positions, all of them when the memory holds fewer."""
+    held = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
+    cache.crop(min(count, held))
+
+
 class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     """XLNet with the language-modeling head (tied to the input embeddings, own bias).
 
@@ -885,9 +891,18 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         position sees (perm_mask) and that is the only target (target_mapping); ours runs the same query stream
         right after the input (`predict_next_token`), so the dummy's content stream, which nothing reads, is never
         computed. With memory (`use_mems`, the default in eval) each step feeds the last two tokens again against a
-        MemoryCache whose keys and values are reused. The cache keeps one position fewer than `mem_len`, the slot
-        the dummy took in transformers' memory, so both attend to exactly the same memory. A user's `mems` start
-        the cache (expanded for beams / return sequences) and lose their newest two positions, as in transformers.
+        MemoryCache whose keys and values are reused, and the cache holds exactly the positions transformers'
+        memory holds, less its dummy:
+
+        - transformers remembers the first `reuse_len` positions of [tokens; dummy] (all without `reuse_len`), then
+          the last `mem_len`. Where that includes the dummy, the dummy takes one of the `mem_len` slots, so the cache
+          keeps one position fewer for that step;
+        - before each step transformers drops the newest two positions of its memory: the dummy and the token fed
+          again, or two remembered tokens where `reuse_len` left the dummy out. The cache forgets the same ones.
+
+        A user's `mems` start the cache (expanded for beams / return sequences) and lose their newest two
+        positions, as in transformers. With `use_mems=False` transformers attends to those same positions at every
+        step, before the last two tokens: so does ours.
         """
         for unused in ("next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids"):
             kwargs.pop(unused, None)
@@ -896,21 +911,31 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
         if use_mems:
-            mem_len = self.config.mem_len - 1 if self.config.mem_len else None  # the dummy's slot
-            if cache is None and mems is not None:  # transformers reads user mems as ending with its dummy token
+            reuse_len, mem_len = self.config.reuse_len, self.config.mem_len
+            if cache is None and mems is not None:
                 cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
-                cache.crop(self.generation_offset)
+                forget = self.generation_offset
+            elif cache is None or cache.memory(0) is None:  # the first step: the whole prompt
+                cache = MemoryCache(self.config.n_layer, mem_len) if cache is None else cache
+                forget = None
+            else:
+                remembered_dummy = not reuse_len or cache.last_stored < reuse_len  # ours stores tokens only
+                forget = self.generation_offset - remembered_dummy
+            if forget is not None:
+                _drop_newest(cache, forget)
                 input_ids = input_ids[:, -self.generation_offset :]
-            elif cache is None:
-                cache = MemoryCache(self.config.n_layer, mem_len)
-            elif cache.memory(0) is not None:  # forget the last token, recomputed now together with the new one
-                cache.crop(self.generation_offset - 1)
-                input_ids = input_ids[:, -self.generation_offset :]
+            remembers_dummy = not reuse_len or reuse_len > input_ids.shape[1]
+            cache.mem_len = mem_len - remembers_dummy if mem_len else None
+        elif mems is not None:  # transformers never updates them: every step attends to the same memory
+            memory = MemoryCache.from_mems(mems, None, batch_size=input_ids.shape[0])
+            _drop_newest(memory, self.generation_offset)
+            mems, input_ids = memory.mems, input_ids[:, -self.generation_offset :]
         model_inputs = {
             "input_ids": input_ids,
             "predict_next_token": True,
             "use_mems": use_mems,
             "cache": cache if use_mems else None,
+            "mems": None if use_mems else mems,
         }
         for key, value in kwargs.items():
             model_inputs.setdefault(key, value)
