@@ -742,6 +742,10 @@ class XLNetModel(XLNetPreTrainedModel):
         if predict_next_token:  # the next position sees every key but padding
             padding = input_mask if input_mask is not None else None if attention_mask is None else 1 - attention_mask
             query_mask = None if padding is None else F.pad(padding.bool(), (memory_length, 0))[:, None, None, :]
+            if self.config.attn_type == "uni" and self.config.same_length:
+                # ... but, like every uni query under same_length, only the newest memory_length of them
+                too_old = (torch.arange(key_length, device=device) < query_length)[None, None, None, :]
+                query_mask = too_old if query_mask is None else query_mask | too_old
         segment_mismatch = None
         if token_type_ids is not None:
             # Relative segment encoding (Yang et al. Sec. 2.5): only whether i and j share a segment; memory
