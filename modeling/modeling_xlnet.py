@@ -923,12 +923,14 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
                 cache = MemoryCache(self.config.n_layer, mem_len) if cache is None else cache
                 forget = None
             else:
-                remembered_dummy = not reuse_len or cache.last_stored < reuse_len  # ours stores tokens only
+                # The last step remembered transformers' dummy iff it remembered all its tokens, i.e. fewer than
+                # reuse_len (ours remembers tokens only).
+                remembered_dummy = not reuse_len or cache.last_stored < reuse_len
                 forget = self.generation_offset - remembered_dummy
             if forget is not None:
                 _drop_newest(cache, forget)
                 input_ids = input_ids[:, -self.generation_offset :]
-            remembers_dummy = not reuse_len or reuse_len > input_ids.shape[1]
+            remembers_dummy = not reuse_len or reuse_len > input_ids.shape[1]  # this step, [tokens; dummy][:reuse_len]
             cache.mem_len = mem_len - remembers_dummy if mem_len else None
         elif mems is not None:  # transformers never updates them: every step attends to the same memory
             memory = MemoryCache.from_mems(mems, None, batch_size=input_ids.shape[0])

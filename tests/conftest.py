@@ -12,7 +12,7 @@ from transformers import Trainer, TrainingArguments
 # models and the CI machines have 2 shared cores. `dev` searches wider with fresh random examples; choose it with
 # HYPOTHESIS_PROFILE=dev.
 settings.register_profile(
-    "ci", max_examples=12, deadline=None, derandomize=True, database=None, print_blob=True,
+    "ci", max_examples=50, deadline=None, derandomize=True, database=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )  # fmt: skip
 settings.register_profile(
