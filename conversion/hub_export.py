@@ -18,7 +18,7 @@ import torch
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
 from transformers import PreTrainedModel
 
-from .converted import ConvertedCheckpoint
+from .converted import ConvertedCheckpoint, does_not_fit
 from .remote_code import full_auto_map
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -48,10 +48,7 @@ def build_model(converted: ConvertedCheckpoint) -> PreTrainedModel:
         if name in given and given[name] != shape
     ]
     if problems:
-        raise ValueError(
-            f"The weights of {converted.source} do not fit {converted.model_class.__name__} with this config:\n  "
-            + "\n  ".join(problems)
-        )
+        raise does_not_fit(f"The weights of {converted.source}", converted.model_class, problems)
     model.load_state_dict(converted.state_dict, assign=True)
     model.tie_weights()
     for name, tensor in model.state_dict().items():  # a tie the config asks for must hold in the weights

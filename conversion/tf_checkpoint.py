@@ -31,7 +31,7 @@ from ..modeling.modeling_xlnet import (
     XLNetLMHeadModel,
 )
 from ..modeling.relative_attention import sinusoid_inverse_frequencies
-from .converted import ConvertedCheckpoint
+from .converted import ConvertedCheckpoint, does_not_fit
 from .tf_bundle import TFCheckpoint, checkpoint_prefix
 
 
@@ -109,11 +109,7 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
         if name not in used and not TRAINING_STATE.search(name) and not any(name.startswith(p) for p in ignored):
             problems.append(f"unknown variable {name} {list(entries[name].shape)} maps to no parameter")
     if problems:
-        shown = problems[:25] + ([f"... and {len(problems) - 25} more"] if len(problems) > 25 else [])
-        raise ValueError(
-            f"TF checkpoint {checkpoint.prefix} does not fit {model_class.__name__} with this config:\n  "
-            + "\n  ".join(shown)
-        )
+        raise does_not_fit(f"TF checkpoint {checkpoint.prefix}", model_class, problems)
 
     with torch.device("meta"):
         expected = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}

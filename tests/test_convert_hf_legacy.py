@@ -176,3 +176,14 @@ def test_a_vocabulary_of_the_wrong_kind_or_size_is_refused(tmp_path, capsys):
     assert convert(FIXTURES / "transfo_xl_lm", tmp_path / "out", "--from", "hf-legacy", "--vocab", big) == 1
     assert "more than the model's" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, released, message", [
+    ("xlnet_lm", "xlnet-base-cased", "lm_loss.weight: stored [40, 16], the config needs [32000, 768]"),  # (a tied weight)
+    ("transfo_xl_lm", "transfo-xl-wt103", "crit.cluster_weight: stored [2, 16], the config needs [3, 1024]"),
+])  # fmt: skip
+def test_a_released_config_by_name_that_does_not_fit_names_the_shapes(name, released, message, tmp_path, capsys):
+    assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--config", released) == 1
+    error = capsys.readouterr().err
+    assert message in error and "does not fit" in error and "... and " in error  # (the first 25 problems only)
+    assert list(tmp_path.iterdir()) == []
