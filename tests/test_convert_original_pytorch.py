@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
-from transformers_xl import TransfoXLLMHeadModel
+from transformers_xl import TransfoXLLMHeadModel, TransfoXLTokenizer
 from transformers_xl.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "original_pytorch"
@@ -59,6 +60,17 @@ def test_whole_model_pickle_converts_with_its_own_hyper_parameters(case, tmp_pat
         assert config["tie_projs"] == [False, True, True] and config["tie_weight"] is False
         assert config["pre_lnorm"] and config["same_length"] and config["clamp_len"] == 3 and config["d_embed"] == 8
     assert_matches_original(TransfoXLLMHeadModel.from_pretrained(output), load_file(FIXTURES / case / "expected.safetensors"))
+
+
+def test_vocab_pkl_gives_the_folder_its_tokenizer(tmp_path):
+    """--vocab vocab.pkl (the legacy pickled vocabulary, read without running it) -> tokenizer.json + config."""
+    vocab = FIXTURES.parent / "hf_legacy" / "transfo_xl_lm" / "vocab.pkl"
+    output = tmp_path / "out"
+    assert convert(FIXTURES / "div2_tied" / "model.pt", output, "--from", "original-pytorch", "--vocab", vocab) == 0
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in output.iterdir()}
+    text = "the a of , he was at his"
+    reference = TransfoXLTokenizer(pretrained_vocab_file=str(vocab))(text)["input_ids"]
+    assert transformers.AutoTokenizer.from_pretrained(output)(text)["input_ids"] == reference
 
 
 def test_a_checkpoint_saved_on_a_gpu_converts_on_the_cpu():
