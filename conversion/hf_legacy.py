@@ -22,7 +22,10 @@ from .remote_code import OWN_AUTO_CLASS
 MODULES = {"transfo-xl": modeling_transfo_xl, "xlnet": modeling_xlnet}
 DEFAULT_HEADS = {"transfo-xl": "TransfoXLLMHeadModel", "xlnet": "XLNetLMHeadModel"}
 # (one file, or the index of its shards), in the order transformers prefers them
-WEIGHT_FILES = (("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+WEIGHT_FILES = (
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+)
 # What a damaged weights file raises while it is read.
 UNREADABLE = (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError)
 VOCABULARY_FILES = ("tokenizer.json", "vocab.pkl", "vocab.bin", "vocab.txt", "spiece.model", SETTINGS_FILE)
@@ -53,7 +56,8 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         # the tie on the meta device), so a config that does not fit the weights would read as a damaged file.
         mismatched = sorted(name for name in stored.keys() & needed.keys() if stored[name] != needed[name])
         if mismatched:
-            shapes = [f"{name}: stored {list(stored[name])}, the config needs {list(needed[name])}" for name in mismatched]
+            shapes = [f"{name}: stored {list(stored[name])}, the config needs {list(needed[name])}"
+                      for name in mismatched]  # fmt: skip
             raise does_not_fit(f"{source}: the weights", model_class, shapes)
         model, info = model_class.from_pretrained(
             folder,

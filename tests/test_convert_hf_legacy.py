@@ -179,7 +179,8 @@ def test_a_vocabulary_of_the_wrong_kind_or_size_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, released, message", [
-    ("xlnet_lm", "xlnet-base-cased", "lm_loss.weight: stored [40, 16], the config needs [32000, 768]"),  # (a tied weight)
+    # (lm_loss.weight is tied to the embeddings: transformers' loader alone fails on it)
+    ("xlnet_lm", "xlnet-base-cased", "lm_loss.weight: stored [40, 16], the config needs [32000, 768]"),
     ("transfo_xl_lm", "transfo-xl-wt103", "crit.cluster_weight: stored [2, 16], the config needs [3, 1024]"),
 ])  # fmt: skip
 def test_a_released_config_by_name_that_does_not_fit_names_the_shapes(name, released, message, tmp_path, capsys):

@@ -63,9 +63,10 @@ class Blocker(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Blocker())
 import torch, transformers
 from safetensors.torch import load_file
-for folder, auto_class, expected_file in json.loads(sys.argv[1]):
+for folder, auto_class, head, expected_file in json.loads(sys.argv[1]):
     model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True).eval()
     assert type(model).__module__.startswith("transformers_modules"), type(model)
+    assert type(model).__name__ == head, (auto_class, type(model))  # the head the folder holds, no other
     expected, mems = load_file(expected_file), None
     with torch.no_grad():
         for k in range(2):
@@ -81,33 +82,41 @@ print("loaded", len(json.loads(sys.argv[1])), "folders without transformers_xl")
 
 
 def test_folders_load_with_trust_remote_code_where_the_plugin_is_absent(tmp_path):
-    """Converted folders (Transformer-XL with its tokenizer, the XLNet SQuAD head) and a folder saved from user code
-    load through the code copied into them, in a python that cannot import transformers_xl."""
+    """Converted folders (Transformer-XL with its tokenizer, the XLNet SQuAD head, a RACE head from TF) and folders
+    saved from user code load through the code copied into them, each as its own head class through the Auto class
+    of that head, in a python that cannot import transformers_xl."""
     assert main(["convert", str(LEGACY / "transfo_xl_lm"), str(tmp_path / "txl"), "--from", "hf-legacy"]) == 0
     assert main(["convert", str(LEGACY / "xlnet_squad"), str(tmp_path / "squad"), "--from", "hf-legacy"]) == 0
+    race = LEGACY.parent / "tf" / "xlnet_race"
+    race_config = str(race / "xlnet_config.json")
+    assert main(["convert", str(race), str(tmp_path / "race"), "--from", "tf", "--config", race_config]) == 0
     tiny("TransfoXLForSequenceClassification").save_pretrained(tmp_path / "classifier")
+    tiny("XLNetForTokenClassification").save_pretrained(tmp_path / "tagger")
     jobs = []
     for name, auto_class in [("txl", "AutoModelForCausalLM"), ("squad", "AutoModelForQuestionAnswering"),
-                             ("classifier", "AutoModelForSequenceClassification")]:  # fmt: skip
-        model = getattr(transformers_xl, json.loads((tmp_path / name / "config.json").read_text())["architectures"][0])
-        model = model.from_pretrained(tmp_path / name).eval()
+                             ("race", "AutoModelForMultipleChoice"),
+                             ("classifier", "AutoModelForSequenceClassification"),
+                             ("tagger", "AutoModelForTokenClassification")]:  # fmt: skip
+        head = json.loads((tmp_path / name / "config.json").read_text())["architectures"][0]
+        model = getattr(transformers_xl, head).from_pretrained(tmp_path / name).eval()
+        shape = (2, 2, 5) if name == "race" else (2, 5)
         expected, mems = {}, None
         with torch.no_grad():
             for k in range(2):
-                expected[f"ids{k}"] = torch.randint(0, 28, (2, 5), generator=torch.Generator().manual_seed(k))
+                expected[f"ids{k}"] = torch.randint(0, 28, shape, generator=torch.Generator().manual_seed(k))
                 out = model(expected[f"ids{k}"], mems=mems)
                 expected[f"out{k}"], mems = out[0].contiguous(), out.mems
         if name == "txl":
             tokenizer = transformers_xl.TransfoXLTokenizer.from_pretrained(tmp_path / name)
             expected["tokens"] = torch.tensor(tokenizer("the a of")["input_ids"])
         save_file(expected, tmp_path / f"{name}.safetensors")
-        jobs.append((str(tmp_path / name), auto_class, str(tmp_path / f"{name}.safetensors")))
+        jobs.append((str(tmp_path / name), auto_class, head, str(tmp_path / f"{name}.safetensors")))
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-I", "-c", NO_PLUGIN, json.dumps(jobs)], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "loaded 3 folders" in result.stdout
+    assert "loaded 5 folders" in result.stdout
 
 
 # --- atomic writes ----------------------------------------------------------------------------------------------
