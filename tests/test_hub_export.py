@@ -1,6 +1,7 @@
 """The Hub folders: remote code from any save, loading where transformers_xl is not installed, atomic writes, the
 model card, and pushing (against a local endpoint that records the requests)."""
 
+import base64
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+import transformers
 from safetensors.torch import save_file
 
 import transformers_xl
@@ -220,6 +222,9 @@ def hub(monkeypatch):
     endpoint = f"http://127.0.0.1:{server.server_port}"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    resolve = endpoint + "/{repo_id}/resolve/{revision}/{filename}"  # (ModelCard.load reads files through it)
+    monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", resolve)
+    monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)  # (transformers keeps the HfApi of its first push)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     yield RecordingHub.requests
     server.shutdown()
@@ -243,3 +248,19 @@ def test_dry_run_sends_nothing(tmp_path, hub, capsys):
     assert hub == []
     listing = capsys.readouterr().out
     assert "org/tiny/blob/main/model.safetensors" in listing and "modeling_xlnet.py" in listing
+
+
+@pytest.mark.parametrize("class_name", OWN_AUTO_CLASS)
+def test_push_to_hub_from_user_code_sends_the_model_code(class_name, hub):
+    """A model pushed from a training script (transformers' own push_to_hub) carries its code and auto_map."""
+    tiny(class_name).push_to_hub("org/tiny")
+    commits = [body for method, path, body in hub if method == "POST" and "/commit/" in path]
+    assert len(commits) == 1
+    files = {}
+    for line in map(json.loads, commits[0].decode().splitlines()):
+        if line["key"] == "file":
+            files[line["value"]["path"]] = line["value"]["content"]
+    modeling = "modeling_transfo_xl" if class_name.startswith("TransfoXL") else "modeling_xlnet"
+    assert {f"{modeling}.py", "relative_attention.py", "model.safetensors"} <= files.keys()
+    config = json.loads(base64.b64decode(files["config.json"]))
+    assert config["auto_map"][OWN_AUTO_CLASS[class_name]] == f"{modeling}.{class_name}"
