@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
 from transformers import PreTrainedModel
+from transformers.utils import logging
 
 from .converted import ConvertedCheckpoint, does_not_fit
 from .remote_code import full_auto_map
@@ -84,7 +85,7 @@ def max_difference(source: PreTrainedModel, converted: PreTrainedModel) -> float
     """Largest absolute difference between the outputs of two models of the same kind over a few consecutive
     segments, each one attending to the previous ones through the memory (`mems`)."""
     largest, mems = 0.0, (None, None)
-    for segment in range(SAMPLE_SEGMENTS):
+    for segment in logging.tqdm(range(SAMPLE_SEGMENTS), desc="Comparing outputs", unit="segment"):
         inputs = sample_inputs(source, segment)
         outputs = []
         for model, model_mems in zip((source, converted), mems):

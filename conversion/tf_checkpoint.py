@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
 
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.configuration_xlnet import XLNetConfig
@@ -114,7 +115,7 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
     with torch.device("meta"):
         expected = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
     state = dict(computed)
-    for variable in table:
+    for variable in logging.tqdm(table, desc="Reading TF variables", unit="variable"):
         tensor = checkpoint.read(variable.name)
         tensor = tensor.float() if tensor.is_floating_point() else tensor
         if variable.transform == "transpose":

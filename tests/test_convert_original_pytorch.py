@@ -73,9 +73,11 @@ def test_vocab_pkl_gives_the_folder_its_tokenizer(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(output)(text)["input_ids"] == reference
 
 
-def test_a_checkpoint_saved_on_a_gpu_converts_on_the_cpu():
+def test_a_checkpoint_saved_on_a_gpu_converts_on_the_cpu(tmp_path, capsys):
     data = (FIXTURES / "div1_untied_gpu" / "model.pt").read_bytes()
     assert b"cuda:0" in data and not data.startswith(b"PK")  # CUDA storages, torch's legacy format
+    assert convert(FIXTURES / "div1_untied_gpu" / "model.pt", tmp_path / "out", "--from", "original-pytorch") == 0
+    assert "Reading tensors: 100%|" in capsys.readouterr().err  # (the legacy format's storages, with a progress bar)
 
 
 @pytest.mark.parametrize("untie_r", [False, True])

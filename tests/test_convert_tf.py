@@ -6,6 +6,7 @@ with memory (language models) or one batch (fine-tuning heads). TensorFlow is no
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -280,6 +281,13 @@ def test_bad_configs():
     shape = r"model/transformer/word_embedding/lookup_table has shape \[40, 8\]; the config expects \[50, 8\]"
     with pytest.raises(ValueError, match=shape):
         read_tf_checkpoint(xlnet_folder, {**config, "n_token": 50})
+
+
+def test_the_command_shows_progress_on_its_long_steps(tmp_path, capsys):
+    converted_folder("txl_div2", tmp_path)
+    err = capsys.readouterr().err
+    for step in ("Reading TF variables", "Writing model shards", "Loading weights", "Comparing outputs"):
+        assert re.search(rf"{step}: 100%\|", err), step
 
 
 def truncate_data(folder):
