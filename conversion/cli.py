@@ -14,7 +14,9 @@ from pathlib import Path
 from huggingface_hub.errors import HfHubHTTPError
 
 from .. import hub_configs
-from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
+from .hub_export import (
+    DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, refuse_existing, write_folder,
+)  # fmt: skip
 
 
 def read_source(args):
@@ -73,6 +75,7 @@ def run(args) -> int:
         log(f"OUTPUT {args.output} would replace SOURCE {args.source}; write elsewhere")
         return 2
     try:
+        refuse_existing(output, args.force)  # (before reading the source, which can take minutes)
         converted = read_source(args)
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, command=command_line(args),

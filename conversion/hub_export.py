@@ -209,6 +209,11 @@ model = {loader}.from_pretrained("path/or/repo", trust_remote_code=True)
 # --- the folder -------------------------------------------------------------------------------------------------
 
 
+def refuse_existing(output: Path, force: bool):
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} exists; pass --force to replace it.")
+
+
 def write_folder(
     converted: ConvertedCheckpoint,
     output,
@@ -221,8 +226,7 @@ def write_folder(
 ) -> float:
     """Write `converted` as a Hub folder at `output` (atomically) and return the verified max difference."""
     output = Path(output).absolute()
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} exists; pass --force to replace it.")
+    refuse_existing(output, force)
     files = dict(converted.tokenizer_files)
     if vocab is not None:
         files = {kind: path for kind, path in files.items() if kind == SETTINGS_FILE}
@@ -273,7 +277,9 @@ def _replace(staging: Path, output: Path):
     """Rename `staging` to `output`; an existing `output` is moved aside first and deleted after the swap."""
     umask = os.umask(0)
     os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private)
+    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private, and safetensors writes its files private too)
+    for path in staging.iterdir():
+        path.chmod(0o666 & ~umask)
     if not output.exists():
         os.replace(staging, output)
         return

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 import transformers_xl
 from transformers_xl import TransfoXLConfig, XLNetConfig
 from transformers_xl.cli import main
+from transformers_xl.conversion import cli as convert_command
 from transformers_xl.conversion import hub_export
 from transformers_xl.conversion.remote_code import OWN_AUTO_CLASS
 
@@ -138,6 +139,27 @@ def test_existing_output_needs_force_and_is_then_replaced_whole(tmp_path, capsys
     assert convert(LEGACY / "xlnet_lm", output, "--force") == 0
     assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
     assert {p.name for p in tmp_path.iterdir()} == {"out"}  # nothing left beside it
+
+
+def test_an_existing_output_is_refused_before_the_source_is_read(tmp_path, monkeypatch, capsys):
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(convert_command, "read_source", lambda args: pytest.fail("the source was read"))
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out") == 1
+    assert "exists; pass --force" in capsys.readouterr().err
+
+
+def test_the_folder_gets_the_permissions_the_umask_gives(tmp_path):
+    """Not those of the private temporary folder (nor safetensors' private weights file)."""
+    umask = os.umask(0o022)
+    try:
+        assert convert(LEGACY / "xlnet_lm", tmp_path / "out") == 0
+    finally:
+        os.umask(umask)
+    output = tmp_path / "out"
+    assert output.stat().st_mode & 0o777 == 0o755
+    assert {path.name: path.stat().st_mode & 0o777 for path in output.iterdir()} == {
+        path.name: 0o644 for path in output.iterdir()
+    }
 
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
