@@ -9,6 +9,7 @@ with the source before it appears.
 
 import argparse
 import shlex
+import signal
 from pathlib import Path
 
 from huggingface_hub.errors import HfHubHTTPError
@@ -74,6 +75,7 @@ def run(args) -> int:
     if output == source or output in source.parents:
         log(f"OUTPUT {args.output} would replace SOURCE {args.source}; write elsewhere")
         return 2
+    previous_handler = signal.signal(signal.SIGTERM, _terminated)
     try:
         refuse_existing(output, args.force)  # (before reading the source, which can take minutes)
         converted = read_source(args)
@@ -86,4 +88,12 @@ def run(args) -> int:
     except (ValueError, TypeError, FileExistsError, FileNotFoundError, HfHubHTTPError) as error:
         log(f"error: {error}")
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
     return 0
+
+
+def _terminated(signum, frame):
+    """SIGTERM (`kill`, a job scheduler's time limit) unwinds like Ctrl-C, so the temporary folder is removed."""
+    log("terminated")
+    raise SystemExit(128 + signum)

@@ -4,9 +4,11 @@ model card, and pushing (against a local endpoint that records the requests)."""
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -171,6 +173,22 @@ def test_an_interrupted_conversion_leaves_nothing(failure, tmp_path, monkeypatch
     with pytest.raises(failure):
         convert(LEGACY / "xlnet_lm", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_terminated_conversion_leaves_nothing(tmp_path, monkeypatch):
+    """SIGTERM (kill, a scheduler's time limit) arriving while the folder is written."""
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # (the handler runs before this ends)
+        pytest.fail("SIGTERM did not stop the conversion")
+
+    monkeypatch.setattr(hub_export, "save_tokenizer", terminated)
+    with pytest.raises(SystemExit) as stopped:
+        convert(LEGACY / "xlnet_lm", tmp_path / "out")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # (the handler lasts as long as the command)
 
 
 def test_failed_verification_leaves_nothing(tmp_path, monkeypatch, capsys):
