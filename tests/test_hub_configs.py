@@ -94,3 +94,13 @@ def test_convert_takes_released_configs_by_name(name, tmp_path, monkeypatch):
     assert hub_configs.config_path(name) == name
     with pytest.raises(ValueError, match=r"--config wt-103: neither a file nor a released config \(enwik8, lm1b"):
         hub_configs.config_path("wt-103")
+
+
+@pytest.mark.parametrize("name", ["transfo-xl-wt103", "wt103", "xlnet-base-cased", "xlnet-large-cased"])
+def test_generation_configs_agree_with_their_model_configs(name):
+    """The word-level releases generate text: their generation config has the model config's special tokens."""
+    generation = transformers.GenerationConfig.from_pretrained(HUB_CONFIGS / name)
+    config = AutoConfig.from_pretrained(HUB_CONFIGS / name)
+    for token in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert getattr(generation, token) == getattr(config, token, None), token
+    assert generation.eos_token_id is not None
