@@ -236,6 +236,10 @@ def write_folder(
         raise ValueError(
             f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
         )
+    end = getattr(tokenizer, "eos_token_id", None)
+    if end is not None and end != converted.config.eos_token_id:  # generation stops at the vocabulary's end token
+        log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
+        converted.config.eos_token_id = end
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))

@@ -102,6 +102,9 @@ def test_vocab_option_replaces_the_found_vocabulary(tmp_path):
     assert convert(FIXTURES / "transfo_xl_lm", tmp_path / "out", "--from", "hf-legacy", "--vocab", words) == 0
     tokenizer = TransfoXLTokenizer.from_pretrained(tmp_path / "out")
     assert tokenizer.convert_tokens_to_ids(["w3", "<eos>"]) == [3, 21]
+    # generation stops at this vocabulary's end token (the source config said 0)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 21
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "out").eos_token_id == 21
 
 
 def test_sharded_output_loads(tmp_path):
