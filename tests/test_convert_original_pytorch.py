@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,40 @@ def test_a_pickle_referring_to_code_is_refused_and_not_run(legacy_format, tmp_pa
     error = capsys.readouterr().err
     assert "system" in error and "neither a tensor, a plain container" in error
     assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def pickled_model(tmp_path, monkeypatch):
+    """Pickles a stand-in MemTransformerLM (div2_tied's layout) with some attributes changed, then makes the stand-in
+    code unimportable again before the conversion runs."""
+    stand_in = str(FIXTURES / "stand_in")
+
+    def save(**attributes):
+        monkeypatch.syspath_prepend(stand_in)
+        try:
+            from mem_transformer import MemTransformerLM
+
+            model = MemTransformerLM(n_token=40, n_layer=1, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0,
+                                     dropatt=0.0, cutoffs=[10], tgt_len=4, ext_len=0, mem_len=4)  # fmt: skip
+            vars(model).update(attributes)
+            torch.save(model, tmp_path / "model.pt")
+        finally:
+            for name in ("mem_transformer", "proj_adaptive_softmax"):
+                sys.modules.pop(name, None)
+            sys.path.remove(stand_in)
+        return tmp_path / "model.pt"
+
+    return save
+
+
+@pytest.mark.parametrize("attributes", [dict(attn_type=1), dict(attn_type=3), dict(sample_softmax=64)])
+def test_a_model_of_an_ablation_setting_is_refused_by_name(attributes, pickled_model, tmp_path, capsys):
+    source = pickled_model(**attributes)
+    assert convert(source, tmp_path / "out", "--from", "original-pytorch") == 1
+    name, value = next(iter(attributes.items()))
+    assert f"{name}={value}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert importlib.util.find_spec("mem_transformer") is None
 
 
 def write_state(tmp_path, change):
