@@ -123,6 +123,14 @@ def test_xlnet_language_model_reproduces_the_tf_graph_over_segments(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(folder)("the was at")["input_ids"] == expected_ids
 
 
+def test_a_vocabulary_beside_the_checkpoint_is_found(tmp_path):
+    """The released XLNet zips hold spiece.model beside xlnet_model.ckpt: the folder gets the tokenizer."""
+    source = copy_case("xlnet_lm", tmp_path)
+    shutil.copy(Path(__file__).parent / "fixtures" / "hf_legacy" / "xlnet_lm" / "spiece.model", source)
+    assert convert(source, tmp_path / "out", "--config", source / "xlnet_config.json") == 0
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out").convert_ids_to_tokens(3) == "<cls>"
+
+
 @pytest.mark.parametrize("task, num_labels", [("mnli", 3), ("sts-b", 1)])
 def test_xlnet_sequence_classification_and_regression_heads(task, num_labels, tmp_path):
     folder = converted_folder("xlnet_glue", tmp_path, "--task", task)
@@ -331,6 +339,17 @@ def test_a_transformers_config_converts_like_the_training_flags():
     mismatch = r"--corpus-info says vocab_size 40, cutoffs \[20, 30\]; --config says 40, \[20\]$"
     with pytest.raises(ValueError, match=mismatch):
         read_tf_checkpoint(folder, {**config, "cutoffs": [20], "tie_projs": [False, True]}, corpus)
+
+
+def test_an_xlnet_transformers_config_converts_like_xlnet_config_json():
+    """A transformers XLNet config (as on the Hub: ff_activation "gelu") gets the original's tanh GELU too."""
+    folder, config = xlnet_args("xlnet_lm")
+    from_released = read_tf_checkpoint(folder, config)
+    theirs = transformers.XLNetConfig(**{**json.loads(config.read_text()), "ff_activation": "gelu", "mem_len": 6})
+    from_transformers = read_tf_checkpoint(folder, theirs.to_dict())
+    assert from_transformers.config.ff_activation == "gelu_new" and from_transformers.config.mem_len == 6
+    assert from_transformers.state_dict.keys() == from_released.state_dict.keys()
+    assert all(torch.equal(from_transformers.state_dict[k], v) for k, v in from_released.state_dict.items())
 
 
 def test_xlnet_head_choice():

@@ -4,6 +4,7 @@ model card, and pushing (against a local endpoint that records the requests)."""
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -201,8 +202,15 @@ def test_failed_verification_leaves_nothing(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_model_card_records_source_command_and_verification(tmp_path):
+def test_the_command_runs_as_a_module_and_as_a_script():
+    for command in ([sys.executable, "-m", "transformers_xl"], [str(Path(sys.executable).parent / "transformers-xl")]):
+        result = subprocess.run([*command, "convert", "--help"], capture_output=True, text=True)
+        assert result.returncode == 0 and "--from {tf,original-pytorch,hf-legacy}" in result.stdout, result.stderr
+
+
+def test_model_card_records_source_command_and_verification(tmp_path, capsys):
     assert convert(LEGACY / "transfo_xl_lm", tmp_path / "out") == 0
+    assert re.search(r"verification \(.*\): max abs difference 0 \(tolerance 0.0001\)", capsys.readouterr().err)
     card = huggingface_hub.ModelCard.load(tmp_path / "out" / "README.md")
     assert card.data.library_name == "transformers" and "transformers-xl" in card.data.tags
     assert "transfo_xl_lm" in card.data.converted_from and "--from hf-legacy" in card.data.conversion_command
