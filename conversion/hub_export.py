@@ -9,6 +9,7 @@ failed or interrupted conversion leaves no OUTPUT behind (nor a half-replaced on
 
 import json
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -143,12 +144,24 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
         from transformers import XLNetTokenizer as tokenizer_class
 
         arguments = {"tokenizer.json": "tokenizer_file", "spiece.model": "vocab_file"}
-    if SETTINGS_FILE in files:
-        folder = Path(files[SETTINGS_FILE]).parent
-        if all(Path(files[kind]) == folder / kind for kind in kinds):
-            return tokenizer_class.from_pretrained(folder)
-    kind = next(kind for kind in arguments if kind in files)
-    return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
+    if "spiece.model" in files:
+        try:
+            import google.protobuf  # noqa: F401  (transformers reads the model's normaliser with it)
+            import sentencepiece
+        except ImportError as error:
+            raise ValueError(f"A spiece.model needs the sentencepiece and protobuf packages ({error}).") from None
+    try:
+        if "spiece.model" in files:  # (read it with SentencePiece first: transformers falls back to other formats)
+            sentencepiece.SentencePieceProcessor(model_file=files["spiece.model"])
+        if SETTINGS_FILE in files:
+            folder = Path(files[SETTINGS_FILE]).parent
+            if all(Path(files[kind]) == folder / kind for kind in kinds):
+                return tokenizer_class.from_pretrained(folder)
+        kind = next(kind for kind in arguments if kind in files)
+        return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
+    except (ValueError, OSError, RuntimeError, ImportError, pickle.UnpicklingError) as error:
+        shown = ", ".join(files[kind] for kind in kinds)
+        raise ValueError(f"Cannot read the vocabulary {shown} (a damaged or wrong file?): {error}") from error
 
 
 def save_tokenizer(tokenizer, model_type: str, folder: Path):

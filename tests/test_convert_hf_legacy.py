@@ -2,6 +2,8 @@
 outputs transformers 4.37.2 computed from the same folders (tests/fixtures/hf_legacy, made by its script)."""
 
 import json
+import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -179,6 +181,31 @@ def test_a_vocabulary_of_the_wrong_kind_or_size_is_refused(tmp_path, capsys):
     assert convert(FIXTURES / "transfo_xl_lm", tmp_path / "out", "--from", "hf-legacy", "--vocab", big) == 1
     assert "more than the model's" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_damaged_or_unsafe_vocabularies_are_refused_by_name(tmp_path, capsys):
+    """--vocab files that cannot be read: a pickle that would run code (it does not), a truncated SentencePiece
+    model, a word list that is not text. Each: exit status 1, the file named, nothing written."""
+    marker = tmp_path / "executed"
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCode(marker)}))
+    (tmp_path / "spiece.model").write_bytes((FIXTURES / "xlnet_lm" / "spiece.model").read_bytes()[:100])
+    (tmp_path / "vocab.txt").write_bytes(b"\xff\xfe not utf-8")
+    cases = [("transfo_xl_lm", "vocab.pkl", "references `posix.system`"), ("xlnet_lm", "spiece.model", "ModelProto"),
+             ("transfo_xl_lm", "vocab.txt", "can't decode")]  # fmt: skip
+    for name, vocab, reason in cases:
+        assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--vocab", tmp_path / vocab) == 1
+        error = capsys.readouterr().err
+        assert f"Cannot read the vocabulary {tmp_path / vocab}" in error and reason in error, error
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spiece.model", "vocab.pkl", "vocab.txt"]
 
 
 @pytest.mark.parametrize("name, released, message", [
