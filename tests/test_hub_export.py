@@ -5,6 +5,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,6 +143,18 @@ def test_existing_output_needs_force_and_is_then_replaced_whole(tmp_path, capsys
     assert convert(LEGACY / "xlnet_lm", output, "--force") == 0
     assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
     assert {p.name for p in tmp_path.iterdir()} == {"out"}  # nothing left beside it
+
+
+def test_options_that_do_not_go_together_exit_with_status_2(tmp_path, capsys):
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--dry-run") == 2
+    assert "--dry-run need --push-to" in capsys.readouterr().err
+    source = tmp_path / "legacy" / "xlnet_lm"
+    shutil.copytree(LEGACY / "xlnet_lm", source)
+    for output in (source, source.parent):  # OUTPUT would replace SOURCE (with --force)
+        assert convert(source, output, "--force") == 2
+        assert "would replace SOURCE" in capsys.readouterr().err
+    assert sorted(p.name for p in source.iterdir()) == sorted(p.name for p in (LEGACY / "xlnet_lm").iterdir())
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_existing_output_is_refused_before_the_source_is_read(tmp_path, monkeypatch, capsys):
