@@ -304,6 +304,15 @@ def test_push_uploads_the_folder_in_one_commit(tmp_path, hub):
     assert {"model.safetensors", "config.json", "modeling_xlnet.py", "README.md", "tokenizer.json"} <= pushed
 
 
+def test_a_failed_push_says_so_and_keeps_the_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # (nothing listens there)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--push-to", "org/tiny") == 1
+    assert "is written, but pushing it to org/tiny failed" in capsys.readouterr().err
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_dry_run_sends_nothing(tmp_path, hub, capsys):
     assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--push-to", "org/tiny", "--dry-run") == 0
     assert hub == []
