@@ -295,7 +295,10 @@ def test_bad_configs():
 def test_the_command_shows_progress_on_its_long_steps(tmp_path, capsys):
     converted_folder("txl_div2", tmp_path)
     err = capsys.readouterr().err
-    for step in ("Reading TF variables", "Writing model shards", "Loading weights", "Comparing outputs"):
+    steps = ["Reading TF variables", "Writing model shards", "Loading weights"]
+    if importlib.util.find_spec("tensorflow") is None:  # (with TensorFlow, the original graph is run instead)
+        steps.append("Comparing outputs")
+    for step in steps:
         assert re.search(rf"{step}: 100%\|", err), step
 
 
