@@ -23,6 +23,11 @@ def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]
     return list(zip(ends[:-1], ends[1:]))
 
 
+def resized_bounds(bounds: list[tuple[int, int]], vocab_size: int) -> list[tuple[int, int]]:
+    """`bounds` with the last cluster ending at `vocab_size` (the cutoffs, hence the other clusters, unchanged)."""
+    return bounds[:-1] + [(bounds[-1][0], vocab_size)]
+
+
 def cluster_dims(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
     """Embedding width of each cluster: d_embed / div_val^i (all d_embed when div_val == 1)."""
     return [d_embed // (div_val**i) for i in range(num_clusters)]
@@ -47,6 +52,13 @@ class AdaptiveEmbedding(nn.Module):
             for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
                 self.emb_layers.append(nn.Embedding(end - start, dim))
                 self.emb_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    def resize(self, vocab_size: int, resize_table):
+        """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table (the whole
+        vocabulary's with div_val 1) with `rows` rows, its old rows first."""
+        first_id = self.bounds[-1][0] if self.div_val > 1 else 0
+        self.emb_layers[-1] = resize_table(self.emb_layers[-1], vocab_size - first_id)
+        self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.div_val == 1:
@@ -93,6 +105,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
                 self.out_layers.append(nn.Linear(dim, end - start))
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    def resize(self, vocab_size: int, resize_layer):
+        """Make the last cluster end at `vocab_size`: `resize_layer(layer, rows)` gives the last output layer (the
+        whole vocabulary's with div_val 1) with `rows` output rows, its old rows first. The head softmax, which
+        scores the head ids and one logit per tail cluster, is unchanged (unless the head is the only cluster)."""
+        first_id = self.bounds[-1][0] if self.div_val > 1 else 0
+        self.out_layers[-1] = resize_layer(self.out_layers[-1], vocab_size - first_id)
+        self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
+        self.head_size = self.bounds[0][1] + len(self.bounds) - 1
 
     def _clusters(self):
         """(weight, bias, projection or None) of every cluster, head first. With div_val 1 the one output layer is

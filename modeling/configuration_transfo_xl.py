@@ -76,6 +76,8 @@ class TransfoXLConfig(PreTrainedConfig):
         zero_initial_mems=False,
         same_length_span=None,
         eos_token_id=0,
+        pad_token_id=None,
+        bos_token_id=None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -118,6 +120,10 @@ class TransfoXLConfig(PreTrainedConfig):
         # (4.x files may say `tie_word_embeddings: false` instead of `tie_weight`; either one unties the softmax.)
         self.tie_weight = bool(tie_weight and kwargs.pop("tie_word_embeddings", True))
         self.tie_word_embeddings = self.tie_weight or any(self.tie_projs)
+        # transformers 4.x defaulted both to None (v5's base config no longer defines them): the classifier pools on
+        # pad_token_id, generate() without input_ids starts from bos_token_id.
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
         super().__init__(eos_token_id=eos_token_id, **kwargs)
         self._check_fields()
 
@@ -154,6 +160,14 @@ class TransfoXLConfig(PreTrainedConfig):
             fail("same_length_span", self.same_length_span, "null or a positive integer")
         if not isinstance(self.div_val, int) or self.div_val < 1:
             fail("div_val", self.div_val, "an integer >= 1")
+        narrowest = self.d_embed // self.div_val ** len(self.cutoffs)  # the last cluster's embedding width
+        if narrowest == 0:
+            fail(
+                "d_embed",
+                self.d_embed,
+                f"at least div_val**{len(self.cutoffs)} = {self.div_val ** len(self.cutoffs)}: cluster i embeds its "
+                f"ids in d_embed // div_val**i dimensions, 0 for the last of the {len(self.cutoffs) + 1} clusters",
+            )
         if self.attn_type not in ATTENTION_TYPES:
             fail("attn_type", self.attn_type, f"one of {sorted(ATTENTION_TYPES)}: {ATTENTION_TYPES}")
         if self.attn_type == 3 and self.n_head * self.d_head != self.d_model:

@@ -162,12 +162,18 @@ class MemoryCache(Cache):
 
     `mem_len=None` keeps every position (XLNet's `mem_len: null`). `get_seq_length()` counts the tokens the model
     has consumed, so `generate` knows which inputs are new.
+
+    Assisted decoding rolls the memory back after verifying draft tokens: it calls `activate_past_recording()`, after
+    which a forward keeps the positions `mem_len` would evict until the next `crop` (transformers' convention:
+    `crop(-n)` forgets the newest n positions), which then keeps the last `mem_len`. The rollback is then exact: the
+    memory is what the forward would have left had it seen only the accepted tokens.
     """
 
     def __init__(self, num_layers: int, mem_len: int | None):
         super().__init__(layers=[MemoryLayer() for _ in range(num_layers)])
         self.mem_len = mem_len
         self.seen_tokens = 0
+        self.record_past = False
 
     @classmethod
     def from_mems(cls, mems, mem_len: int | None, batch_size: int | None = None):
@@ -229,7 +235,7 @@ class MemoryCache(Cache):
         layer = self.layers[layer_idx]
         keys, values = (None if tensor is None else tensor.detach() for tensor in (keys, values))
         layer.append(new_hidden.detach(), keys, values)
-        if self.mem_len is not None:
+        if self.mem_len is not None and not self.record_past:
             layer.keep_last(self.mem_len)
         if layer_idx == 0:
             self.seen_tokens += new_hidden.shape[1]
@@ -271,16 +277,27 @@ class MemoryCache(Cache):
             layer.map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Forget the newest `tokens_to_remove` positions. This restores the earlier memory exactly only while no
-        older token has been evicted by `mem_len` (`is_croppable`); otherwise the memory is just shorter."""
-        if tokens_to_remove <= 0:
-            return
+        """Forget the newest `-tokens_to_remove` positions (transformers' convention: a count <= 0), then keep the
+        last `mem_len` (positions kept past it by `activate_past_recording`). This restores the earlier memory
+        exactly while past positions are recorded or no older token has been evicted (`is_croppable`); otherwise
+        the memory is just shorter."""
+        if tokens_to_remove > 0:
+            raise ValueError(
+                f"MemoryCache.crop: got {tokens_to_remove}; expected minus the number of positions to remove "
+                "(transformers' convention, e.g. `crop(-2)`)."
+            )
         held = 0 if self.layers[0].hidden is None else self.layers[0].hidden.shape[1]
-        if tokens_to_remove > held:
-            raise ValueError(f"MemoryCache.crop: cannot remove {tokens_to_remove} positions; the memory holds {held}.")
+        if -tokens_to_remove > held:
+            raise ValueError(f"MemoryCache.crop: cannot remove {-tokens_to_remove} positions; the memory holds {held}.")
         for layer in self.layers:
-            layer.drop_newest(tokens_to_remove)
-        self.seen_tokens = max(self.seen_tokens - tokens_to_remove, 0)  # a given memory may predate the inputs
+            layer.drop_newest(-tokens_to_remove)
+            if self.mem_len is not None:
+                layer.keep_last(self.mem_len)
+        self.seen_tokens = max(self.seen_tokens + tokens_to_remove, 0)  # a given memory may predate the inputs
+
+    def activate_past_recording(self):
+        """Keep the positions `mem_len` would evict until the next `crop` (see the class docstring)."""
+        self.record_past = True
 
     def reset(self):
         self.layers = [MemoryLayer() for _ in self.layers]
@@ -288,9 +305,9 @@ class MemoryCache(Cache):
 
     @property
     def is_croppable(self) -> bool:
-        """Whether `crop` is an exact rollback (nothing evicted yet)."""
+        """Whether `crop` is an exact rollback: past positions are recorded, or nothing was evicted yet."""
         hidden = self.layers[0].hidden
-        return hidden is None or hidden.shape[1] == self.seen_tokens
+        return self.record_past or hidden is None or hidden.shape[1] == self.seen_tokens
 
     @property
     def is_compileable(self) -> bool:

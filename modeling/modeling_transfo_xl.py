@@ -9,6 +9,7 @@ Memory layout: `mems` (inputs and outputs) is a tuple with one tensor per layer,
 inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. Inside, everything is batch-first.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from .relative_attention import (
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
+from .stop_strings import WordLevelStopStringCriteria
 
 
 @dataclass
@@ -66,6 +68,9 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
     def prediction_scores(self):
         """The legacy name of `logits`."""
         return self.logits
+
+    def __getitem__(self, key):
+        return super().__getitem__("logits" if key == "prediction_scores" else key)
 
 
 @dataclass
@@ -278,6 +283,38 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
         """The memory is not a key/value cache: `generate` must not substitute a DynamicCache for it."""
         return False
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the vocabulary at its end, which is the last adaptive cluster (e.g. to add special tokens for
+        fine-tuning): the cutoffs stay, so every other cluster, and the log-probabilities of its ids, are unchanged.
+        The embedding table (and, in the LM head, the softmax layer) of that cluster gains or loses rows at its end;
+        new rows start as transformers starts them (around the old rows' mean with `mean_resizing`), tied weights
+        stay tied. Shrinking is allowed while the last cluster keeps at least one id."""
+        embedding = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return embedding
+        vocab_size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None:
+            vocab_size = -(-vocab_size // pad_to_multiple_of) * pad_to_multiple_of
+        last_start = embedding.bounds[-1][0]
+        if not isinstance(vocab_size, int) or vocab_size <= last_start:
+            raise ValueError(
+                f"{type(self).__name__}.resize_token_embeddings: got new_num_tokens={new_num_tokens!r}; expected an "
+                f"integer above {last_start}: resizing changes the last adaptive cluster (ids {last_start} to "
+                f"{self.config.vocab_size - 1}), which must keep at least one id (`cutoffs` = {self.config.cutoffs})."
+            )
+        if vocab_size != self.config.vocab_size:
+            # Output layers first: a weight tied to the embedding still has its old rows, to resize with its bias.
+            self._resize_output_layers(vocab_size, mean_resizing)
+            embedding.resize(
+                vocab_size, lambda table, rows: self._get_resized_embeddings(table, rows, mean_resizing=mean_resizing)
+            )
+            self.config.vocab_size = vocab_size
+            self.tie_weights()
+        return embedding
+
+    def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
+        """Heads that score the vocabulary resize their output layers here; the others have none."""
+
     def _init_weights(self, module):
         """The original code's initialisation (`weights_init` in kimiyoung/transformer-xl)."""
         config = self.config
@@ -372,7 +409,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
     def _attention_mask(self, query_length, memory_length, attention_mask, device):
         """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
         and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
-        whole history; its last k columns are then the memory and the segment."""
+        whole history; its last columns are then the newest memory positions and the segment. Memory positions
+        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
         if span is None:
@@ -384,12 +422,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             keep = attention_mask.bool()
             if keep.shape[1] >= key_length:
                 keep = keep[:, -key_length:]
-            elif keep.shape[1] == query_length:
-                keep = F.pad(keep, (memory_length, 0), value=True)
+            elif keep.shape[1] >= query_length:
+                keep = F.pad(keep, (key_length - keep.shape[1], 0), value=True)
             else:
                 raise ValueError(
-                    f"TransfoXLModel: attention_mask has {keep.shape[1]} columns; expected the segment length "
-                    f"({query_length}) or at least memory + segment ({key_length})."
+                    f"TransfoXLModel: attention_mask has {keep.shape[1]} columns; expected at least the segment length "
+                    f"({query_length}): the segment, or the history before it too (memory + segment: {key_length})."
                 )
             mask = mask | ~keep[:, None, None, :]
         return mask
@@ -416,7 +454,6 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ) -> TransfoXLModelOutput | tuple:
         """`mems` (legacy tuple) or `cache` (a MemoryCache, updated in place) carry the memory; outputs always
         hold the new `mems`, and the cache itself when `use_cache` is set or a cache was given."""
@@ -528,6 +565,9 @@ def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) ->
 class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     """Transformer-XL with the projected adaptive softmax (optionally trained with a sampled softmax)."""
 
+    # forward() takes no **kwargs (unknown arguments are a TypeError), so tell Trainer it takes `num_items_in_batch`.
+    accepts_loss_kwargs = True
+
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
         self.transformer = TransfoXLModel(config)
@@ -557,10 +597,14 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
     ) -> TransfoXLLMHeadModelOutput | tuple:
         """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions.
-        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches."""
+        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches.
+
+        With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
+        `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
+        `config.trainer_compatible` is true (`()` stands where 4.x put its empty prediction scores). `...` is the
+        cache (when one is used), hidden states and attentions that were asked for; absent entries are left out."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
             input_ids,
@@ -582,8 +626,13 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             losses, loss = self._losses(hidden, labels, num_items_in_batch)
 
         if not return_dict:
-            fields = (loss, losses, logits, outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
-            return tuple(v for v in fields if v is not None)
+            rest = (outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
+            rest = tuple(v for v in rest if v is not None)
+            if labels is None:
+                return (logits, *rest)
+            if getattr(self.config, "trainer_compatible", False):
+                return (loss, (), losses, *rest)
+            return (losses, (), *rest, loss)
         return TransfoXLLMHeadModelOutput(
             loss=loss,
             losses=losses,
@@ -594,38 +643,56 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
         )
 
-    def prepare_inputs_for_generation(
-        self,
-        input_ids,
-        next_sequence_length=None,
-        cache=None,
-        mems=None,
-        attention_mask=None,
-        use_cache=True,
-        is_first_iteration=False,
-        **kwargs,
-    ):
-        """Feed only the tokens the memory has not seen. The first call runs the prompt (after any `mems` the user
-        gave, expanded to the beams / return sequences); every later call runs the newest token against the cache.
-        With `use_cache=False` every step recomputes the whole sequence from an empty memory."""
-        if not use_cache:
-            return {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
-        if cache is None:
-            cache = (
-                MemoryCache(self.config.n_layer, self.config.mem_len)
-                if mems is None
-                else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=input_ids.shape[0])
-            )
-        elif next_sequence_length is not None:
-            input_ids = input_ids[:, -next_sequence_length:]
-        # Only the last position's distribution is needed to pick the next token.
-        return {
-            "input_ids": input_ids,
-            "cache": cache,
-            "attention_mask": attention_mask,
-            "use_cache": True,
-            "logits_to_keep": 1,
-        }
+    def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
+        """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
+        (new ids start at 0, as `_init_weights` starts it) and sampler."""
+        self.crit.resize(
+            vocab_size, lambda layer, rows: self._get_resized_lm_head(layer, rows, mean_resizing=mean_resizing)
+        )
+        if self.out_bias is not None:
+            bias = self.out_bias.detach()[:vocab_size]
+            self.out_bias = nn.Parameter(F.pad(bias, (0, vocab_size - bias.shape[0])))
+            self.sampler = LogUniformSampler(vocab_size, self.config.sample_softmax)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
+        """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
+        it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
+        cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_length)
+        mems = model_kwargs.pop("mems", None)
+        if model_kwargs.get("cache") is not None:
+            if mems is not None:
+                raise ValueError("TransfoXLLMHeadModel.generate: pass the memory as `cache` or as `mems`, not both.")
+            return
+        expanded = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+        cache = (
+            MemoryCache(self.config.n_layer, self.config.mem_len)
+            if mems is None
+            else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=expanded)
+        )
+        if generation_config.use_cache is False:
+            if cache.mems is not None:
+                model_kwargs["mems"] = cache.mems
+            return
+        if generation_config.is_assistant:  # an assistant's drafts are cropped after every round
+            cache.activate_past_recording()
+        model_kwargs["cache"] = cache
+
+    def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, tokenizer=None, **kwargs):
+        """transformers' inputs: only the tokens the memory has not seen (or the prompt's `inputs_embeds`), every
+        other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along."""
+        return super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None):
+        """transformers' criteria, with `stop_strings` matched by `WordLevelStopStringCriteria`: transformers' own
+        cannot learn the text of a word-level vocabulary's tokens (see `stop_strings`)."""
+        if generation_config.stop_strings is None or tokenizer is None:  # (transformers explains a missing tokenizer)
+            return super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer)
+        without_stop_strings = copy.copy(generation_config)
+        without_stop_strings.stop_strings = None
+        criteria = super()._get_stopping_criteria(without_stop_strings, stopping_criteria, tokenizer)
+        criteria.append(WordLevelStopStringCriteria(tokenizer, generation_config.stop_strings))
+        return criteria
 
     def _losses(self, hidden, labels, num_items_in_batch):
         """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""
@@ -675,7 +742,6 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
@@ -878,6 +879,18 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     # Tokens of the previous step recomputed at every step with memory (transformers' choice: slightly better than 1).
     generation_offset = 2
 
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+        if generation_mode == GenerationMode.ASSISTED_GENERATION:
+            raise ValueError(
+                "XLNetLMHeadModel.generate: assisted decoding and prompt lookup (`assistant_model`, "
+                "`prompt_lookup_num_tokens`) are not supported. They check k draft tokens with one forward pass "
+                "that must give the distributions of k one-token steps. In XLNet's generation scheme each step "
+                "recomputes the last two tokens, which attend to each other, so a token's states change from one step "
+                "to the next and one pass over the drafts (one state per token) cannot reproduce them. Use greedy "
+                "search, sampling or beam search."
+            )
+        super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
+
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
@@ -889,7 +902,10 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         the dummy took in transformers' memory, so both attend to exactly the same memory. A user's `mems` start
         the cache (expanded for beams / return sequences) and lose their newest two positions, as in transformers.
         """
-        for unused in ("next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids"):
+        for unused in (
+            "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
+            "tokenizer",  # generate()'s, for stop strings: it comes along with the model keywords
+        ):  # fmt: skip
             kwargs.pop(unused, None)
         if kwargs.pop("inputs_embeds", None) is not None:
             raise ValueError("XLNetLMHeadModel.generate: `inputs_embeds` is not supported; pass `input_ids`.")
@@ -899,12 +915,12 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             mem_len = self.config.mem_len - 1 if self.config.mem_len else None  # the dummy's slot
             if cache is None and mems is not None:  # transformers reads user mems as ending with its dummy token
                 cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
-                cache.crop(self.generation_offset)
+                cache.crop(-self.generation_offset)
                 input_ids = input_ids[:, -self.generation_offset :]
             elif cache is None:
                 cache = MemoryCache(self.config.n_layer, mem_len)
             elif cache.memory(0) is not None:  # forget the last token, recomputed now together with the new one
-                cache.crop(self.generation_offset - 1)
+                cache.crop(1 - self.generation_offset)
                 input_ids = input_ids[:, -self.generation_offset :]
         model_inputs = {
             "input_ids": input_ids,

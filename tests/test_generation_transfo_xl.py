@@ -175,7 +175,7 @@ def test_crop_rolls_back_exactly_until_tokens_are_evicted():
         before = [layer.hidden.clone() for layer in cache.layers]
         model(ids[:, 4:], cache=cache)
         assert cache.is_croppable and cache.get_seq_length() == 6
-        cache.crop(2)
+        cache.crop(-2)
         assert cache.get_seq_length() == 4
         for layer, hidden in zip(cache.layers, before):
             torch.testing.assert_close(layer.hidden, hidden)
@@ -183,4 +183,4 @@ def test_crop_rolls_back_exactly_until_tokens_are_evicted():
         model(prompt(length=7, seed=5), cache=cache)
     assert not cache.is_croppable  # 11 tokens seen, 8 kept
     with pytest.raises(ValueError, match="cannot remove 9 positions; the memory holds 8"):
-        cache.crop(9)
+        cache.crop(-9)

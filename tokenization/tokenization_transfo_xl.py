@@ -113,19 +113,32 @@ class TransfoXLTokenizer(TokenizersBackend):
     def from_corpus(
         cls,
         paths: str | PathLike | list[str | PathLike],
-        special=("<eos>",),
+        special=("<eos>", "<unk>"),
         min_freq: int = 0,
         max_size: int | None = None,
         lower_case: bool = False,
         add_eos: bool = False,
+        tokenized: bool = False,
         **kwargs,
     ) -> "TransfoXLTokenizer":
-        """A tokenizer whose vocabulary is built from tokenised text files (WikiText) as the original `Vocab` builds
-        it: words split on spaces, `special` first (wt103: `["<eos>"]`, hence `<eos>` = 0), then the most common
-        words seen at least `min_freq` times, at most `max_size` of them. `add_eos` counts an `<eos>` per line and
-        makes the tokenizer end sequences with it. The vocabulary needs an `<unk>` (WikiText has one)."""
+        """A tokenizer whose vocabulary is built from text files as the original `Vocab` builds it: `special` first
+        (so `<eos>` is 0, as in wt103), then the most common words seen at least `min_freq` times, at most `max_size`
+        of them. `add_eos` counts an `<eos>` per line and makes the tokenizer end sequences with it.
+
+        The words are those encoding will look up: each line goes through this tokenizer's own normaliser and
+        pre-tokeniser (Moses punctuation and tokenisation, number splitting, `lower_case`), so a file of the corpus
+        encodes without `<unk>` (but for words cut by `min_freq` / `max_size`). `tokenized=True` reads already
+        tokenised text (WikiText) as the original code does, splitting lines on spaces only; wt103's own vocabulary
+        is `from_corpus(wiki.train.tokens, special=["<eos>"], tokenized=True)` (its `<unk>` comes from the text).
+        """
         paths = [paths] if isinstance(paths, (str, PathLike)) else paths
-        symbol_lines = (split_symbols(line, lower_case, add_eos) for path in paths for line in _lines(path))
+        lines = (line for path in paths for line in _lines(path))
+        if tokenized:
+            symbol_lines = (split_symbols(line, lower_case, add_eos) for line in lines)
+        else:
+            # The pipeline of a tokenizer with the same settings splits the text (its placeholder vocabulary is unused).
+            splitter = cls(vocab=[*special, "<unk>"], lower_case=lower_case, **kwargs)._tokenizer
+            symbol_lines = (pipeline_words(splitter, line, add_eos) for line in lines)
         vocab = build_vocab(symbol_lines, special, min_freq, max_size)
         return cls(vocab=vocab, lower_case=lower_case, add_eos=add_eos, **kwargs)
 
@@ -178,6 +191,12 @@ class TransfoXLTokenizer(TokenizersBackend):
         self._tokenizer.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=[marker]
         )
+
+
+def pipeline_words(tokenizer: Tokenizer, line: str, add_eos: bool = False) -> list[str]:
+    """The words `tokenizer`'s normaliser and pre-tokeniser make of `line` (then `<eos>` with `add_eos`)."""
+    words = [word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(line))]
+    return [*words, "<eos>"] if add_eos else words
 
 
 def _lines(path):
