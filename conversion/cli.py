@@ -9,12 +9,15 @@ with the source before it appears.
 
 import argparse
 import shlex
+import signal
 from pathlib import Path
 
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HTTPError
 
 from .. import hub_configs
-from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
+from .hub_export import (
+    DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, refuse_existing, write_folder,
+)  # fmt: skip
 
 
 def read_source(args):
@@ -72,15 +75,34 @@ def run(args) -> int:
     if output == source or output in source.parents:
         log(f"OUTPUT {args.output} would replace SOURCE {args.source}; write elsewhere")
         return 2
+    previous_handler = signal.signal(signal.SIGTERM, _terminated)
     try:
+        return _convert_and_push(args, output)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _convert_and_push(args, output: Path) -> int:
+    try:
+        refuse_existing(output, args.force)  # (before reading the source, which can take minutes)
         converted = read_source(args)
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, command=command_line(args),
             max_shard_size=args.max_shard_size, tolerance=args.tolerance,
         )  # fmt: skip
-        if args.push_to:
-            push_folder(output, args.push_to, private=args.private, revision=args.revision, dry_run=args.dry_run)
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError, HfHubHTTPError) as error:
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as error:
         log(f"error: {error}")
         return 1
+    if args.push_to:
+        try:
+            push_folder(output, args.push_to, private=args.private, revision=args.revision, dry_run=args.dry_run)
+        except (HTTPError, OSError) as error:  # (the Hub's answers, the network, no token, offline mode)
+            log(f"error: {args.output} is written, but pushing it to {args.push_to} failed: {error}")
+            return 1
     return 0
+
+
+def _terminated(signum, frame):
+    """SIGTERM (`kill`, a job scheduler's time limit) unwinds like Ctrl-C, so the temporary folder is removed."""
+    log("terminated")
+    raise SystemExit(128 + signum)

@@ -22,3 +22,10 @@ class ConvertedCheckpoint:
     their outputs; None where the source cannot be run here."""
     tokenizer_files: dict[str, str] = field(default_factory=dict)
     """Vocabulary files found beside the source, by kind ("vocab.pkl", "vocab.txt", "spiece.model", ...)."""
+
+
+def does_not_fit(what: str, model_class: type, problems: list[str], shown: int = 25) -> ValueError:
+    """The error for weights that do not fit `model_class` with the given config: the problems one per line (names
+    and shapes), the first `shown` of them (a wrong config can give hundreds)."""
+    lines = problems[:shown] + ([f"... and {len(problems) - shown} more"] if len(problems) > shown else [])
+    return ValueError(f"{what} does not fit {model_class.__name__} with this config:\n  " + "\n  ".join(lines))

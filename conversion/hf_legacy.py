@@ -11,16 +11,23 @@ import pickle
 from functools import partial
 from pathlib import Path
 
-from safetensors import SafetensorError
+import torch
+from safetensors import SafetensorError, safe_open
 
 from ..modeling import modeling_transfo_xl, modeling_xlnet
-from .converted import ConvertedCheckpoint
+from .converted import ConvertedCheckpoint, does_not_fit
 from .hub_export import SETTINGS_FILE, max_difference
 from .remote_code import OWN_AUTO_CLASS
 
 MODULES = {"transfo-xl": modeling_transfo_xl, "xlnet": modeling_xlnet}
 DEFAULT_HEADS = {"transfo-xl": "TransfoXLLMHeadModel", "xlnet": "XLNetLMHeadModel"}
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# (one file, or the index of its shards), in the order transformers prefers them
+WEIGHT_FILES = (
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+)
+# What a damaged weights file raises while it is read.
+UNREADABLE = (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError)
 VOCABULARY_FILES = ("tokenizer.json", "vocab.pkl", "vocab.bin", "vocab.txt", "spiece.model", SETTINGS_FILE)
 
 
@@ -39,23 +46,32 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
     if model_class is None or head not in OWN_AUTO_CLASS:
         heads = sorted(name for name in OWN_AUTO_CLASS if hasattr(MODULES[model_type], name))
         raise ValueError(f"{source}: unknown {model_type} head {head!r}; expected one of {heads}.")
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise ValueError(f"{source}: no weights; expected one of {', '.join(WEIGHT_FILES)}.")
+    ours = model_class.config_class.from_dict(config_dict)
 
     try:
+        stored = stored_shapes(folder)
+        with torch.device("meta"):
+            needed = {name: tuple(t.shape) for name, t in model_class(ours).state_dict().items()}
+        # Shapes first: transformers' loader fails on a tied weight whose stored shape does not fit (it compares
+        # the tie on the meta device), so a config that does not fit the weights would read as a damaged file.
+        mismatched = sorted(name for name in stored.keys() & needed.keys() if stored[name] != needed[name])
+        if mismatched:
+            shapes = [f"{name}: stored {list(stored[name])}, the config needs {list(needed[name])}"
+                      for name in mismatched]  # fmt: skip
+            raise does_not_fit(f"{source}: the weights", model_class, shapes)
         model, info = model_class.from_pretrained(
             folder,
-            config=model_class.config_class.from_dict(config_dict),
+            config=ours,
             output_loading_info=True,
             ignore_mismatched_sizes=True,  # (reported below with the other problems, by name)
         )
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
+    except UNREADABLE as error:
         raise ValueError(f"{source}: cannot read the weights (a truncated or damaged file?): {error}") from error
     problems = [f"missing {name}" for name in sorted(info["missing_keys"])]
     problems += [f"unexpected {name}" for name in sorted(info["unexpected_keys"])]
     problems += [f"{name}: stored {list(a)}, the config needs {list(b)}" for name, a, b in info["mismatched_keys"]]
     if problems:
-        raise ValueError(f"{source}: the weights do not fit {head} with this config:\n  " + "\n  ".join(problems))
+        raise does_not_fit(f"{source}: the weights", model_class, problems)
 
     model.eval()
     return ConvertedCheckpoint(
@@ -66,3 +82,28 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         compare_with_source=partial(max_difference, model),
         tokenizer_files={kind: str(folder / kind) for kind in VOCABULARY_FILES if (folder / kind).is_file()},
     )
+
+
+def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight the folder stores, without reading the weights (safetensors headers; pickles
+    unpickled by torch's weights-only loader onto the meta device)."""
+    for single, index in WEIGHT_FILES:
+        if (folder / single).is_file():
+            files = [folder / single]
+            break
+        if (folder / index).is_file():
+            weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
+            files = [folder / name for name in sorted(set(weight_map.values()))]
+            break
+    else:
+        names = ", ".join(name for pair in WEIGHT_FILES for name in pair)
+        raise ValueError(f"{folder}: no weights; expected one of {names}.")
+    shapes = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            with safe_open(path, framework="pt") as weights:
+                shapes.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
+        else:
+            state = torch.load(path, map_location="meta", weights_only=True)
+            shapes.update({name: tuple(tensor.shape) for name, tensor in state.items()})
+    return shapes

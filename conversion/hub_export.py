@@ -9,6 +9,7 @@ failed or interrupted conversion leaves no OUTPUT behind (nor a half-replaced on
 
 import json
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -17,8 +18,9 @@ from pathlib import Path
 import torch
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
 from transformers import PreTrainedModel
+from transformers.utils import logging
 
-from .converted import ConvertedCheckpoint
+from .converted import ConvertedCheckpoint, does_not_fit
 from .remote_code import full_auto_map
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -48,10 +50,7 @@ def build_model(converted: ConvertedCheckpoint) -> PreTrainedModel:
         if name in given and given[name] != shape
     ]
     if problems:
-        raise ValueError(
-            f"The weights of {converted.source} do not fit {converted.model_class.__name__} with this config:\n  "
-            + "\n  ".join(problems)
-        )
+        raise does_not_fit(f"The weights of {converted.source}", converted.model_class, problems)
     model.load_state_dict(converted.state_dict, assign=True)
     model.tie_weights()
     for name, tensor in model.state_dict().items():  # a tie the config asks for must hold in the weights
@@ -87,7 +86,7 @@ def max_difference(source: PreTrainedModel, converted: PreTrainedModel) -> float
     """Largest absolute difference between the outputs of two models of the same kind over a few consecutive
     segments, each one attending to the previous ones through the memory (`mems`)."""
     largest, mems = 0.0, (None, None)
-    for segment in range(SAMPLE_SEGMENTS):
+    for segment in logging.tqdm(range(SAMPLE_SEGMENTS), desc="Comparing outputs", unit="segment"):
         inputs = sample_inputs(source, segment)
         outputs = []
         for model, model_mems in zip((source, converted), mems):
@@ -145,12 +144,24 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
         from transformers import XLNetTokenizer as tokenizer_class
 
         arguments = {"tokenizer.json": "tokenizer_file", "spiece.model": "vocab_file"}
-    if SETTINGS_FILE in files:
-        folder = Path(files[SETTINGS_FILE]).parent
-        if all(Path(files[kind]) == folder / kind for kind in kinds):
-            return tokenizer_class.from_pretrained(folder)
-    kind = next(kind for kind in arguments if kind in files)
-    return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
+    if "spiece.model" in files:
+        try:
+            import google.protobuf  # noqa: F401  (transformers reads the model's normaliser with it)
+            import sentencepiece
+        except ImportError as error:
+            raise ValueError(f"A spiece.model needs the sentencepiece and protobuf packages ({error}).") from None
+    try:
+        if "spiece.model" in files:  # (read it with SentencePiece first: transformers falls back to other formats)
+            sentencepiece.SentencePieceProcessor(model_file=files["spiece.model"])
+        if SETTINGS_FILE in files:
+            folder = Path(files[SETTINGS_FILE]).parent
+            if all(Path(files[kind]) == folder / kind for kind in kinds):
+                return tokenizer_class.from_pretrained(folder)
+        kind = next(kind for kind in arguments if kind in files)
+        return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
+    except (ValueError, OSError, RuntimeError, ImportError, pickle.UnpicklingError) as error:
+        shown = ", ".join(files[kind] for kind in kinds)
+        raise ValueError(f"Cannot read the vocabulary {shown} (a damaged or wrong file?): {error}") from error
 
 
 def save_tokenizer(tokenizer, model_type: str, folder: Path):
@@ -211,6 +222,11 @@ model = {loader}.from_pretrained("path/or/repo", trust_remote_code=True)
 # --- the folder -------------------------------------------------------------------------------------------------
 
 
+def refuse_existing(output: Path, force: bool):
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} exists; pass --force to replace it.")
+
+
 def write_folder(
     converted: ConvertedCheckpoint,
     output,
@@ -223,8 +239,7 @@ def write_folder(
 ) -> float:
     """Write `converted` as a Hub folder at `output` (atomically) and return the verified max difference."""
     output = Path(output).absolute()
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} exists; pass --force to replace it.")
+    refuse_existing(output, force)
     files = dict(converted.tokenizer_files)
     if vocab is not None:
         files = {kind: path for kind, path in files.items() if kind == SETTINGS_FILE}
@@ -234,6 +249,10 @@ def write_folder(
         raise ValueError(
             f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
         )
+    end = getattr(tokenizer, "eos_token_id", None)
+    if end is not None and end != converted.config.eos_token_id:  # generation stops at the vocabulary's end token
+        log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
+        converted.config.eos_token_id = end
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
@@ -275,7 +294,9 @@ def _replace(staging: Path, output: Path):
     """Rename `staging` to `output`; an existing `output` is moved aside first and deleted after the swap."""
     umask = os.umask(0)
     os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private)
+    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private, and safetensors writes its files private too)
+    for path in staging.iterdir():
+        path.chmod(0o666 & ~umask)
     if not output.exists():
         os.replace(staging, output)
         return

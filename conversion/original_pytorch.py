@@ -25,6 +25,7 @@ import zipfile
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
 
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
@@ -125,7 +126,8 @@ def _legacy_load(path: Path, placeholders) -> object:
             raise ValueError("not a torch checkpoint (or a big-endian one)")
         unpickler = _LegacyUnpickler(handle, placeholders)
         result = unpickler.load()
-        for key in _LegacyUnpickler(handle, []).load():  # then each storage's raw bytes: its element count (int64), the data
+        keys = _LegacyUnpickler(handle, []).load()  # then each storage: its element count (int64), its raw bytes
+        for key in logging.tqdm(keys, desc="Reading tensors", unit="tensor"):
             storage = unpickler.storages[key]
             size = torch._utils._element_size(storage.dtype)
             (numel,) = struct.unpack("<q", handle.read(8))

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
 
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.configuration_xlnet import XLNetConfig
@@ -31,7 +32,7 @@ from ..modeling.modeling_xlnet import (
     XLNetLMHeadModel,
 )
 from ..modeling.relative_attention import sinusoid_inverse_frequencies
-from .converted import ConvertedCheckpoint
+from .converted import ConvertedCheckpoint, does_not_fit
 from .tf_bundle import TFCheckpoint, checkpoint_prefix
 
 
@@ -109,16 +110,12 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
         if name not in used and not TRAINING_STATE.search(name) and not any(name.startswith(p) for p in ignored):
             problems.append(f"unknown variable {name} {list(entries[name].shape)} maps to no parameter")
     if problems:
-        shown = problems[:25] + ([f"... and {len(problems) - 25} more"] if len(problems) > 25 else [])
-        raise ValueError(
-            f"TF checkpoint {checkpoint.prefix} does not fit {model_class.__name__} with this config:\n  "
-            + "\n  ".join(shown)
-        )
+        raise does_not_fit(f"TF checkpoint {checkpoint.prefix}", model_class, problems)
 
     with torch.device("meta"):
         expected = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
     state = dict(computed)
-    for variable in table:
+    for variable in logging.tqdm(table, desc="Reading TF variables", unit="variable"):
         tensor = checkpoint.read(variable.name)
         tensor = tensor.float() if tensor.is_floating_point() else tensor
         if variable.transform == "transpose":

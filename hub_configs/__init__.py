@@ -11,7 +11,9 @@ def names() -> list[str]:
 
 
 def config_path(name_or_path: str) -> str:
-    """A released checkpoint's name ("enwik8") -> its config.json; any other value is a path, returned as it is."""
-    if (FOLDER / name_or_path / "config.json").is_file() and not Path(name_or_path).exists():
+    """A released checkpoint's name ("enwik8") -> its config.json; an existing file is returned as it is."""
+    if Path(name_or_path).is_file():
+        return name_or_path
+    if (FOLDER / name_or_path / "config.json").is_file():
         return str(FOLDER / name_or_path / "config.json")
-    return name_or_path
+    raise ValueError(f"--config {name_or_path}: neither a file nor a released config ({', '.join(names())})")

@@ -184,6 +184,7 @@ class MemoryCache(Cache):
         self.mem_len = mem_len
         self.seen_tokens = 0
         self.record_past = False
+        self.last_stored = 0  # positions the last `store` appended, before `mem_len` evicted any
 
     @classmethod
     def from_mems(cls, mems, mem_len: int | None, batch_size: int | None = None):
@@ -251,6 +252,7 @@ class MemoryCache(Cache):
             layer.keep_last(self.mem_len)
         if layer_idx == 0:
             self.seen_tokens += new_hidden.shape[1]
+            self.last_stored = new_hidden.shape[1]
 
     def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project):
         """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from a stored table.
@@ -313,7 +315,7 @@ class MemoryCache(Cache):
 
     def reset(self):
         self.layers = [MemoryLayer() for _ in self.layers]
-        self.seen_tokens = 0
+        self.seen_tokens = self.last_stored = 0
 
     @property
     def is_croppable(self) -> bool:

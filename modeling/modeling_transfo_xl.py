@@ -245,12 +245,13 @@ class TransfoXLLayer(GradientCheckpointingLayer):
     def _add_absolute_positions(self, hidden, memory):
         table = self.r_emb.flatten(1)  # [max_klen, d_model]; the last rows belong to the newest positions
         query_length, memory_length = hidden.shape[1], 0 if memory is None else memory.shape[1]
-        hidden = hidden + table[-query_length:]
+        key_length = memory_length + query_length
+        if table.shape[0] < key_length:  # older positions than the table covers share its first row
+            table = torch.cat([table[:1].expand(key_length - table.shape[0], -1), table])
+        table = table[table.shape[0] - key_length :]
+        hidden = hidden + table[memory_length:]
         if memory_length:
-            older = table[:-query_length]
-            if older.shape[0] < memory_length:  # older positions than the table covers share its first row
-                older = torch.cat([older[:1].expand(memory_length - older.shape[0], -1), older])
-            memory = memory + older[older.shape[0] - memory_length :]
+            memory = memory + table[:memory_length]
         return hidden, memory
 
     def forward(
@@ -483,9 +484,10 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             lowest = -1 if config.attn_type == 0 else 0
             position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
 
-        if config.attn_type == 2:  # vanilla absolute positions: added to the segment and to layer 0's memory
-            inputs_embeds = inputs_embeds + position_embedding[memory_length:]
         hidden = self.drop(inputs_embeds)
+        unpositioned = hidden  # layer 0 remembers its inputs without absolute positions: they are re-added per segment
+        if config.attn_type == 2:  # vanilla absolute positions: added to the segment and to layer 0's memory
+            hidden = hidden + position_embedding[memory_length:]
         kept = query_length - config.ext_len  # the last ext_len tokens are re-fed next time, not remembered
 
         layer_inputs, all_attentions = [], []
@@ -504,10 +506,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
                 output_attentions=output_attentions,
             )
             if config.mem_len > 0:
+                remembered = unpositioned if i == 0 else hidden
                 if reuse_projections:
-                    cache.store(i, hidden[:, :kept], key[:, :, : memory_length + kept], value[:, :, : memory_length + kept])
+                    end = memory_length + kept
+                    cache.store(i, remembered[:, :kept], key[:, :, :end], value[:, :, :end])
                 else:
-                    cache.store(i, hidden[:, :kept])
+                    cache.store(i, remembered[:, :kept])
             hidden = output
             all_attentions.append(probs)
         hidden = self.drop(hidden)

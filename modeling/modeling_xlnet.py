@@ -752,6 +752,10 @@ class XLNetModel(XLNetPreTrainedModel):
         if predict_next_token:  # the next position sees every key but padding
             padding = input_mask if input_mask is not None else None if attention_mask is None else 1 - attention_mask
             query_mask = None if padding is None else F.pad(padding.bool(), (memory_length, 0))[:, None, None, :]
+            if self.config.attn_type == "uni" and self.config.same_length:
+                # ... but, like every uni query under same_length, only the newest memory_length of them
+                too_old = (torch.arange(key_length, device=device) < query_length)[None, None, None, :]
+                query_mask = too_old if query_mask is None else query_mask | too_old
         segment_mismatch = None
         if token_type_ids is not None:
             # Relative segment encoding (Yang et al. Sec. 2.5): only whether i and j share a segment; memory
@@ -807,6 +811,12 @@ class XLNetModel(XLNetPreTrainedModel):
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+
+def _drop_newest(cache: MemoryCache, count: int):
+    """transformers' `mem[:-count]`: forget the newest `count` positions, all of them when the memory holds fewer."""
+    held = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
+    cache.crop(-min(count, held))
 
 
 class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
@@ -913,9 +923,18 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         position sees (perm_mask) and that is the only target (target_mapping); ours runs the same query stream
         right after the input (`predict_next_token`), so the dummy's content stream, which nothing reads, is never
         computed. With memory (`use_mems`, the default in eval) each step feeds the last two tokens again against a
-        MemoryCache whose keys and values are reused. The cache keeps one position fewer than `mem_len`, the slot
-        the dummy took in transformers' memory, so both attend to exactly the same memory. A user's `mems` start
-        the cache (expanded for beams / return sequences) and lose their newest two positions, as in transformers.
+        MemoryCache whose keys and values are reused, and the cache holds exactly the positions transformers'
+        memory holds, less its dummy:
+
+        - transformers remembers the first `reuse_len` positions of [tokens; dummy] (all without `reuse_len`), then
+          the last `mem_len`. Where that includes the dummy, the dummy takes one of the `mem_len` slots, so the cache
+          keeps one position fewer for that step;
+        - before each step transformers drops the newest two positions of its memory: the dummy and the token fed
+          again, or two remembered tokens where `reuse_len` left the dummy out. The cache forgets the same ones.
+
+        A user's `mems` start the cache (expanded for beams / return sequences) and lose their newest two
+        positions, as in transformers. With `use_mems=False` transformers attends to those same positions at every
+        step, before the last two tokens: so does ours.
         """
         for unused in (
             "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
@@ -927,21 +946,33 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
         if use_mems:
-            mem_len = self.config.mem_len - 1 if self.config.mem_len else None  # the dummy's slot
-            if cache is None and mems is not None:  # transformers reads user mems as ending with its dummy token
+            reuse_len, mem_len = self.config.reuse_len, self.config.mem_len
+            if cache is None and mems is not None:
                 cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
-                cache.crop(-self.generation_offset)
+                forget = self.generation_offset
+            elif cache is None or cache.memory(0) is None:  # the first step: the whole prompt
+                cache = MemoryCache(self.config.n_layer, mem_len) if cache is None else cache
+                forget = None
+            else:
+                # The last step remembered transformers' dummy iff it remembered all its tokens, i.e. fewer than
+                # reuse_len (ours remembers tokens only).
+                remembered_dummy = not reuse_len or cache.last_stored < reuse_len
+                forget = self.generation_offset - remembered_dummy
+            if forget is not None:
+                _drop_newest(cache, forget)
                 input_ids = input_ids[:, -self.generation_offset :]
-            elif cache is None:
-                cache = MemoryCache(self.config.n_layer, mem_len)
-            elif cache.memory(0) is not None:  # forget the last token, recomputed now together with the new one
-                cache.crop(1 - self.generation_offset)
-                input_ids = input_ids[:, -self.generation_offset :]
+            remembers_dummy = not reuse_len or reuse_len > input_ids.shape[1]  # this step, [tokens; dummy][:reuse_len]
+            cache.mem_len = mem_len - remembers_dummy if mem_len else None
+        elif mems is not None:  # transformers never updates them: every step attends to the same memory
+            memory = MemoryCache.from_mems(mems, None, batch_size=input_ids.shape[0])
+            _drop_newest(memory, self.generation_offset)
+            mems, input_ids = memory.mems, input_ids[:, -self.generation_offset :]
         model_inputs = {
             "input_ids": input_ids,
             "predict_next_token": True,
             "use_mems": use_mems,
             "cache": cache if use_mems else None,
+            "mems": None if use_mems else mems,
         }
         for key, value in kwargs.items():
             model_inputs.setdefault(key, value)

@@ -1,8 +1,25 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the hypothesis profiles of the property tests."""
+
+import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from transformers import Trainer, TrainingArguments
+
+# Property tests (tests/test_properties_*.py). `ci`, the default, is reproducible and bounded: a fixed number of
+# derandomized examples per test (the same every run) and no deadline, since one example builds and runs small
+# models and the CI machines have 2 shared cores. `dev` searches wider with fresh random examples; choose it with
+# HYPOTHESIS_PROFILE=dev.
+settings.register_profile(
+    "ci", max_examples=50, deadline=None, derandomize=True, database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+settings.register_profile(
+    "dev", max_examples=200, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 class _Rows(torch.utils.data.Dataset):

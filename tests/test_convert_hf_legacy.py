@@ -2,6 +2,8 @@
 outputs transformers 4.37.2 computed from the same folders (tests/fixtures/hf_legacy, made by its script)."""
 
 import json
+import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -102,6 +104,9 @@ def test_vocab_option_replaces_the_found_vocabulary(tmp_path):
     assert convert(FIXTURES / "transfo_xl_lm", tmp_path / "out", "--from", "hf-legacy", "--vocab", words) == 0
     tokenizer = TransfoXLTokenizer.from_pretrained(tmp_path / "out")
     assert tokenizer.convert_tokens_to_ids(["w3", "<eos>"]) == [3, 21]
+    # generation stops at this vocabulary's end token (the source config said 0)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 21
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "out").eos_token_id == 21
 
 
 def test_sharded_output_loads(tmp_path):
@@ -176,3 +181,40 @@ def test_a_vocabulary_of_the_wrong_kind_or_size_is_refused(tmp_path, capsys):
     assert convert(FIXTURES / "transfo_xl_lm", tmp_path / "out", "--from", "hf-legacy", "--vocab", big) == 1
     assert "more than the model's" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_damaged_or_unsafe_vocabularies_are_refused_by_name(tmp_path, capsys):
+    """--vocab files that cannot be read: a pickle that would run code (it does not), a truncated SentencePiece
+    model, a word list that is not text. Each: exit status 1, the file named, nothing written."""
+    marker = tmp_path / "executed"
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": RunsCode(marker)}))
+    (tmp_path / "spiece.model").write_bytes((FIXTURES / "xlnet_lm" / "spiece.model").read_bytes()[:100])
+    (tmp_path / "vocab.txt").write_bytes(b"\xff\xfe not utf-8")
+    cases = [("transfo_xl_lm", "vocab.pkl", "references `posix.system`"), ("xlnet_lm", "spiece.model", "ModelProto"),
+             ("transfo_xl_lm", "vocab.txt", "can't decode")]  # fmt: skip
+    for name, vocab, reason in cases:
+        assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--vocab", tmp_path / vocab) == 1
+        error = capsys.readouterr().err
+        assert f"Cannot read the vocabulary {tmp_path / vocab}" in error and reason in error, error
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spiece.model", "vocab.pkl", "vocab.txt"]
+
+
+@pytest.mark.parametrize("name, released, message", [
+    # (lm_loss.weight is tied to the embeddings: transformers' loader alone fails on it)
+    ("xlnet_lm", "xlnet-base-cased", "lm_loss.weight: stored [40, 16], the config needs [32000, 768]"),
+    ("transfo_xl_lm", "transfo-xl-wt103", "crit.cluster_weight: stored [2, 16], the config needs [3, 1024]"),
+])  # fmt: skip
+def test_a_released_config_by_name_that_does_not_fit_names_the_shapes(name, released, message, tmp_path, capsys):
+    assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--config", released) == 1
+    error = capsys.readouterr().err
+    assert message in error and "does not fit" in error and "... and " in error  # (the first 25 problems only)
+    assert list(tmp_path.iterdir()) == []

@@ -7,13 +7,15 @@ import json
 import os
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
-from transformers_xl import TransfoXLLMHeadModel
+from transformers_xl import TransfoXLLMHeadModel, TransfoXLTokenizer
 from transformers_xl.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "original_pytorch"
@@ -61,9 +63,22 @@ def test_whole_model_pickle_converts_with_its_own_hyper_parameters(case, tmp_pat
     assert_matches_original(TransfoXLLMHeadModel.from_pretrained(output), load_file(FIXTURES / case / "expected.safetensors"))
 
 
-def test_a_checkpoint_saved_on_a_gpu_converts_on_the_cpu():
+def test_vocab_pkl_gives_the_folder_its_tokenizer(tmp_path):
+    """--vocab vocab.pkl (the legacy pickled vocabulary, read without running it) -> tokenizer.json + config."""
+    vocab = FIXTURES.parent / "hf_legacy" / "transfo_xl_lm" / "vocab.pkl"
+    output = tmp_path / "out"
+    assert convert(FIXTURES / "div2_tied" / "model.pt", output, "--from", "original-pytorch", "--vocab", vocab) == 0
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in output.iterdir()}
+    text = "the a of , he was at his"
+    reference = TransfoXLTokenizer(pretrained_vocab_file=str(vocab))(text)["input_ids"]
+    assert transformers.AutoTokenizer.from_pretrained(output)(text)["input_ids"] == reference
+
+
+def test_a_checkpoint_saved_on_a_gpu_converts_on_the_cpu(tmp_path, capsys):
     data = (FIXTURES / "div1_untied_gpu" / "model.pt").read_bytes()
     assert b"cuda:0" in data and not data.startswith(b"PK")  # CUDA storages, torch's legacy format
+    assert convert(FIXTURES / "div1_untied_gpu" / "model.pt", tmp_path / "out", "--from", "original-pytorch") == 0
+    assert "Reading tensors: 100%|" in capsys.readouterr().err  # (the legacy format's storages, with a progress bar)
 
 
 @pytest.mark.parametrize("untie_r", [False, True])
@@ -101,6 +116,40 @@ def test_a_pickle_referring_to_code_is_refused_and_not_run(legacy_format, tmp_pa
     error = capsys.readouterr().err
     assert "system" in error and "neither a tensor, a plain container" in error
     assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def pickled_model(tmp_path, monkeypatch):
+    """Pickles a stand-in MemTransformerLM (div2_tied's layout) with some attributes changed, then makes the stand-in
+    code unimportable again before the conversion runs."""
+    stand_in = str(FIXTURES / "stand_in")
+
+    def save(**attributes):
+        monkeypatch.syspath_prepend(stand_in)
+        try:
+            from mem_transformer import MemTransformerLM
+
+            model = MemTransformerLM(n_token=40, n_layer=1, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0,
+                                     dropatt=0.0, cutoffs=[10], tgt_len=4, ext_len=0, mem_len=4)  # fmt: skip
+            vars(model).update(attributes)
+            torch.save(model, tmp_path / "model.pt")
+        finally:
+            for name in ("mem_transformer", "proj_adaptive_softmax"):
+                sys.modules.pop(name, None)
+            sys.path.remove(stand_in)
+        return tmp_path / "model.pt"
+
+    return save
+
+
+@pytest.mark.parametrize("attributes", [dict(attn_type=1), dict(attn_type=3), dict(sample_softmax=64)])
+def test_a_model_of_an_ablation_setting_is_refused_by_name(attributes, pickled_model, tmp_path, capsys):
+    source = pickled_model(**attributes)
+    assert convert(source, tmp_path / "out", "--from", "original-pytorch") == 1
+    name, value = next(iter(attributes.items()))
+    assert f"{name}={value}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert importlib.util.find_spec("mem_transformer") is None
 
 
 def write_state(tmp_path, change):

@@ -5,14 +5,21 @@ in conversion/tf_reference.py, random weights, Saver V2 checkpoints, and the gra
 with memory (language models) or one batch (fine-tuning heads). TensorFlow is not needed to run these tests.
 """
 
+import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import sentencepiece
 import torch
+import transformers
 
+import transformers_xl
+from transformers_xl import TransfoXLLMHeadModel
+from transformers_xl.cli import main
 from transformers_xl.conversion.tf_bundle import CheckpointError, TFCheckpoint
 from transformers_xl.conversion.tf_checkpoint import read_tf_checkpoint, squad_difference
 
@@ -45,14 +52,35 @@ def close(ours, theirs):
 
 
 # ----- outputs match the TF graph ----------------------------------------------------------------------------------
+# Through the command: the folder it writes, loaded back, reproduces the graph; XLNet folders load in transformers'
+# own XLNet too (no remote code) and give the same numbers.
+
+
+def convert(source, output, *options) -> int:
+    return main(["convert", str(source), str(output), "--from", "tf", *map(str, options)])
+
+
+def converted_folder(case, tmp_path, *options) -> Path:
+    folder = FIXTURES / case
+    if case.startswith("txl"):
+        options = ("--config", folder / "train_flags.json", "--corpus-info", folder / "corpus-info.json", *options)
+    else:
+        options = ("--config", folder / "xlnet_config.json", *options)
+    assert convert(folder, tmp_path / "out", *options) == 0
+    return tmp_path / "out"
+
+
+def xlnet_models(folder, head):
+    """Ours and transformers' own class for the folder's head, both from the folder."""
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [head]
+    return [getattr(module, head).from_pretrained(folder).eval() for module in (transformers_xl, transformers)]
 
 
 @pytest.mark.parametrize("case", TXL_CASES)
-def test_transfo_xl_reproduces_the_tf_graph_over_segments(case):
-    converted = read_tf_checkpoint(*txl_args(case))
-    config = converted.config
+def test_transfo_xl_reproduces_the_tf_graph_over_segments(case, tmp_path):
+    model = TransfoXLLMHeadModel.from_pretrained(converted_folder(case, tmp_path)).eval()
+    config = model.config
     assert (config.layer_norm_epsilon, config.same_length_span, config.zero_initial_mems) == (1e-12, 1, True)
-    model = load(converted)
     expected = np.load(FIXTURES / case / "expected.npz")
     mems = None
     with torch.no_grad():
@@ -75,62 +103,71 @@ def segment_inputs(expected, segment):
     return inputs
 
 
-def test_xlnet_language_model_reproduces_the_tf_graph_over_segments():
-    converted = read_tf_checkpoint(*xlnet_args("xlnet_lm"))
-    assert converted.config.ff_activation == "gelu_new" and converted.config.mem_len == 6
-    model = load(converted)
+def test_xlnet_language_model_reproduces_the_tf_graph_over_segments(tmp_path):
+    spiece = Path(__file__).parent / "fixtures" / "hf_legacy" / "xlnet_lm" / "spiece.model"
+    folder = converted_folder("xlnet_lm", tmp_path, "--vocab", spiece)
     expected = np.load(FIXTURES / "xlnet_lm" / "expected.npz")
-    mems = None
-    with torch.no_grad():
-        for segment in range(3):
-            output = model(**segment_inputs(expected, segment), mems=mems, use_mems=True)
-            mems = output.mems
-            close(output.logits, expected[f"{segment}/output/lm"].transpose(1, 0, 2))
-            close(torch.stack(mems), expected[f"{segment}/output/mems"])
-    mask_emb = TFCheckpoint(FIXTURES / "xlnet_lm" / "model.ckpt-2000").read("model/transformer/mask_emb/mask_emb")
-    assert torch.equal(model.transformer.mask_emb, mask_emb)
+    for model in xlnet_models(folder, "XLNetLMHeadModel"):
+        assert model.config.ff_activation == "gelu_new" and model.config.mem_len == 6
+        mems = None
+        with torch.no_grad():
+            for segment in range(3):
+                output = model(**segment_inputs(expected, segment), mems=mems, use_mems=True)
+                mems = output.mems
+                close(output.logits, expected[f"{segment}/output/lm"].transpose(1, 0, 2))
+                close(torch.stack(mems), expected[f"{segment}/output/mems"])
+        mask_emb = TFCheckpoint(FIXTURES / "xlnet_lm" / "model.ckpt-2000").read("model/transformer/mask_emb/mask_emb")
+        assert torch.equal(model.transformer.mask_emb, mask_emb)
+    # --vocab spiece.model: the folder's tokenizer is that SentencePiece model, then <sep> <cls> as XLNet appends them
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(spiece))
+    expected_ids = pieces.encode("the was at") + [pieces.piece_to_id("<sep>"), pieces.piece_to_id("<cls>")]
+    assert transformers.AutoTokenizer.from_pretrained(folder)("the was at")["input_ids"] == expected_ids
+
+
+def test_a_vocabulary_beside_the_checkpoint_is_found(tmp_path):
+    """The released XLNet zips hold spiece.model beside xlnet_model.ckpt: the folder gets the tokenizer."""
+    source = copy_case("xlnet_lm", tmp_path)
+    shutil.copy(Path(__file__).parent / "fixtures" / "hf_legacy" / "xlnet_lm" / "spiece.model", source)
+    assert convert(source, tmp_path / "out", "--config", source / "xlnet_config.json") == 0
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out").convert_ids_to_tokens(3) == "<cls>"
 
 
 @pytest.mark.parametrize("task, num_labels", [("mnli", 3), ("sts-b", 1)])
-def test_xlnet_sequence_classification_and_regression_heads(task, num_labels):
-    converted = read_tf_checkpoint(*xlnet_args("xlnet_glue"), task=task)
-    assert converted.model_class.__name__ == "XLNetForSequenceClassification"
-    assert converted.config.num_labels == num_labels and converted.config.finetuning_task == task
-    assert (converted.config.problem_type == "regression") == (num_labels == 1)
-    model = load(converted)
+def test_xlnet_sequence_classification_and_regression_heads(task, num_labels, tmp_path):
+    folder = converted_folder("xlnet_glue", tmp_path, "--task", task)
     expected = np.load(FIXTURES / "xlnet_glue" / "expected.npz")
-    with torch.no_grad():
-        logits = model(**segment_inputs(expected, 0)).logits
     kind = "classification" if num_labels > 1 else "regression"
-    close(logits.view(-1) if num_labels == 1 else logits, expected[f"0/output/{kind}_{task}"])
+    for model in xlnet_models(folder, "XLNetForSequenceClassification"):
+        assert model.config.num_labels == num_labels and model.config.finetuning_task == task
+        assert (model.config.problem_type == "regression") == (num_labels == 1)
+        with torch.no_grad():
+            logits = model(**segment_inputs(expected, 0)).logits
+        close(logits.view(-1) if num_labels == 1 else logits, expected[f"0/output/{kind}_{task}"])
 
 
-def test_xlnet_multiple_choice_head():
-    converted = read_tf_checkpoint(*xlnet_args("xlnet_race"))
-    assert converted.model_class.__name__ == "XLNetForMultipleChoice"
-    assert converted.config.ff_activation == "relu"
-    model = load(converted)
+def test_xlnet_multiple_choice_head(tmp_path):
+    folder = converted_folder("xlnet_race", tmp_path)
     expected = np.load(FIXTURES / "xlnet_race" / "expected.npz")
     inputs = {key: value.reshape(2, 2, -1) for key, value in segment_inputs(expected, 0).items()}
-    with torch.no_grad():
-        close(model(**inputs).logits, expected["0/output/race"])
+    for model in xlnet_models(folder, "XLNetForMultipleChoice"):
+        assert model.config.ff_activation == "relu"
+        with torch.no_grad():
+            close(model(**inputs).logits, expected["0/output/race"])
 
 
-def test_xlnet_squad_heads():
-    converted = read_tf_checkpoint(*xlnet_args("xlnet_squad"))
-    assert converted.model_class.__name__ == "XLNetForQuestionAnswering"
-    assert (converted.config.start_n_top, converted.config.end_n_top) == (3, 2)
-    model = load(converted)
+def test_xlnet_squad_heads(tmp_path):
+    folder = converted_folder("xlnet_squad", tmp_path)
     expected = np.load(FIXTURES / "xlnet_squad" / "expected.npz")
-    inputs = segment_inputs(expected, 0)
-    with torch.no_grad():
-        output = model(
-            **inputs,
-            p_mask=torch.from_numpy(expected["0/input/p_mask"]),
-            cls_index=torch.from_numpy(expected["0/input/cls_index"]).long(),
-        )
     reference = {key.removeprefix("0/output/"): expected[key] for key in expected if key.startswith("0/output/")}
-    assert squad_difference(output, reference, 3, 2) < ATOL
+    for model in xlnet_models(folder, "XLNetForQuestionAnswering"):
+        assert (model.config.start_n_top, model.config.end_n_top) == (3, 2)
+        with torch.no_grad():
+            output = model(
+                **segment_inputs(expected, 0),
+                p_mask=torch.from_numpy(expected["0/input/p_mask"]),
+                cls_index=torch.from_numpy(expected["0/input/cls_index"]).long(),
+            )
+        assert squad_difference(output, reference, 3, 2) < ATOL
 
 
 # ----- finding the checkpoint --------------------------------------------------------------------------------------
@@ -255,6 +292,47 @@ def test_bad_configs():
         read_tf_checkpoint(xlnet_folder, {**config, "n_token": 50})
 
 
+def test_the_command_shows_progress_on_its_long_steps(tmp_path, capsys):
+    converted_folder("txl_div2", tmp_path)
+    err = capsys.readouterr().err
+    steps = ["Reading TF variables", "Writing model shards", "Loading weights"]
+    if importlib.util.find_spec("tensorflow") is None:  # (with TensorFlow, the original graph is run instead)
+        steps.append("Comparing outputs")
+    for step in steps:
+        assert re.search(rf"{step}: 100%\|", err), step
+
+
+def truncate_data(folder):
+    data = folder / "model.ckpt-1000.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:100])
+
+
+# Each: (flags changed, the source folder changed, a released --config instead of the flags, the error)
+COMMAND_ERRORS = {
+    "missing variables": (dict(n_layer=3), None, None, "missing variable transformer/layer_2/rel_attn/qkv/kernel"),
+    "unknown variables": (dict(n_layer=1), None, None, "unknown variable transformer/layer_1/ff/layer_1/bias [16]"),
+    "mis-shaped variables": (dict(d_inner=12), None, None, "transformer/layer_0/ff/layer_1/kernel has shape [8, 16]"),
+    "truncated file": ({}, truncate_data, None, "model.ckpt-1000.data-00000-of-00001 is truncated"),
+    "other model kind": ({}, None, "xlnet-base-cased", "a 'xlnet' config, but the checkpoint is a Transformer-XL"),
+    "config not fitting": ({}, None, "enwik8", "lookup_table has shape [40, 8]; the config expects [204, 1024]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", COMMAND_ERRORS)
+def test_the_command_fails_clearly_and_leaves_nothing(case, tmp_path, capsys):
+    changes, damage, released, message = COMMAND_ERRORS[case]
+    source = copy_case("txl_div1", tmp_path)
+    (source / "train_flags.json").write_text(json.dumps(flags_with("txl_div1", **changes)))
+    if damage is not None:
+        damage(source)
+    options = ["--config", source / "train_flags.json", "--corpus-info", source / "corpus-info.json"]
+    if released is not None:  # a released config by name (it holds the vocabulary: no corpus info)
+        options = ["--config", released]
+    assert convert(source, tmp_path / "out", *options) == 1
+    assert message in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["txl_div1"]  # no OUTPUT, no temporary folder
+
+
 def test_a_transformers_config_converts_like_the_training_flags():
     folder, flags, corpus = txl_args("txl_div2")
     from_flags = read_tf_checkpoint(folder, flags, corpus)
@@ -265,6 +343,17 @@ def test_a_transformers_config_converts_like_the_training_flags():
     mismatch = r"--corpus-info says vocab_size 40, cutoffs \[20, 30\]; --config says 40, \[20\]$"
     with pytest.raises(ValueError, match=mismatch):
         read_tf_checkpoint(folder, {**config, "cutoffs": [20], "tie_projs": [False, True]}, corpus)
+
+
+def test_an_xlnet_transformers_config_converts_like_xlnet_config_json():
+    """A transformers XLNet config (as on the Hub: ff_activation "gelu") gets the original's tanh GELU too."""
+    folder, config = xlnet_args("xlnet_lm")
+    from_released = read_tf_checkpoint(folder, config)
+    theirs = transformers.XLNetConfig(**{**json.loads(config.read_text()), "ff_activation": "gelu", "mem_len": 6})
+    from_transformers = read_tf_checkpoint(folder, theirs.to_dict())
+    assert from_transformers.config.ff_activation == "gelu_new" and from_transformers.config.mem_len == 6
+    assert from_transformers.state_dict.keys() == from_released.state_dict.keys()
+    assert all(torch.equal(from_transformers.state_dict[k], v) for k, v in from_released.state_dict.items())
 
 
 def test_xlnet_head_choice():
@@ -281,7 +370,8 @@ def test_xlnet_head_choice():
     # A fine-tuned graph has no mask embedding (only pretraining builds it): ours gets zeros, never read by heads.
     converted = read_tf_checkpoint(folder, config, task="mnli")
     assert not converted.state_dict["transformer.mask_emb"].any()
-    assert converted.compare_with_source is None or callable(converted.compare_with_source)
+    # the original graph is run for the verification exactly where TensorFlow is installed
+    assert (converted.compare_with_source is None) == (importlib.util.find_spec("tensorflow") is None)
 
 
 def test_compare_with_source_runs_the_original_graph():

@@ -184,3 +184,81 @@ def test_crop_rolls_back_exactly_until_tokens_are_evicted():
     assert not cache.is_croppable  # 11 tokens seen, 8 kept
     with pytest.raises(ValueError, match="cannot remove 9 positions; the memory holds 8"):
         cache.crop(-9)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text that outgrows mem_len (issue 12): generate() equals feeding the text token by token through `mems`
+# ---------------------------------------------------------------------------------------------------------------
+
+PROMPT_LENGTH, NEW_TOKENS = 6, 8
+# shorter than the prompt, between the prompt and prompt + new tokens, longer than both
+MEM_LENS = [3, 9, 20]
+
+
+def left_padded_prompt():
+    ids = prompt(2, PROMPT_LENGTH, seed=8)
+    ids[1, :2] = PAD
+    return ids, (ids != PAD).long()
+
+
+@torch.no_grad()
+def feed_token_by_token(model, ids, mask, choose):
+    """What a user does with the legacy API: the prompt in one piece, then each chosen token alone, carrying the
+    memory in `mems` and the whole history's padding in `attention_mask`. `choose(step, log_probs)` gives the next
+    tokens [batch]. Returns the tokens and each step's log-probabilities."""
+    out = model(ids, attention_mask=mask)
+    steps = []
+    for step in range(NEW_TOKENS):
+        log_probs = out.logits[:, -1].float()
+        steps.append(log_probs)
+        next_tokens = choose(step, log_probs)[:, None]
+        ids, mask = torch.cat([ids, next_tokens], 1), torch.cat([mask, torch.ones_like(next_tokens)], 1)
+        out = model(next_tokens, mems=out.mems, attention_mask=mask)
+    return ids, steps
+
+
+@pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
+@pytest.mark.parametrize("mem_len", MEM_LENS)
+def test_greedy_equals_feeding_tokens_one_by_one(mem_len, attn_type):
+    model = scrambled_lm(mem_len=mem_len, attn_type=attn_type)
+    ids, mask = left_padded_prompt()
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
+        output_logits=True,
+    )  # fmt: skip
+    expected, steps = feed_token_by_token(model, ids, mask, lambda step, log_probs: log_probs.argmax(-1))
+    assert torch.equal(out.sequences, expected)
+    for actual, reference in zip(out.logits, steps):
+        torch.testing.assert_close(actual, reference, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("mem_len", MEM_LENS)
+def test_sampling_equals_feeding_tokens_one_by_one(mem_len):
+    model = scrambled_lm(mem_len=mem_len)
+    ids, mask = left_padded_prompt()
+    torch.manual_seed(11)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=0)
+    torch.manual_seed(11)
+    expected, _ = feed_token_by_token(
+        model, ids, mask, lambda step, log_probs: torch.multinomial(log_probs.softmax(-1), 1)[:, 0]
+    )
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("mem_len", MEM_LENS)
+def test_beam_scores_equal_feeding_each_beam_one_by_one(mem_len):
+    """Beam reordering under eviction: each returned beam's score (length_penalty 0: the sum of its tokens'
+    log-probabilities) is what feeding that sequence token by token through `mems` gives."""
+    model = scrambled_lm(mem_len=mem_len)
+    ids, mask = left_padded_prompt()
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, num_beams=3, num_return_sequences=2, do_sample=False,
+        length_penalty=0.0, return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    beams = out.sequences
+    rows = torch.arange(beams.shape[0]) // 2  # the prompt each returned sequence continues
+    generated = beams[:, PROMPT_LENGTH:]
+    fed, steps = feed_token_by_token(model, ids[rows], mask[rows], lambda step, log_probs: generated[:, step])
+    assert torch.equal(fed, beams)
+    scores = sum(log_probs.gather(1, generated[:, step : step + 1])[:, 0] for step, log_probs in enumerate(steps))
+    torch.testing.assert_close(out.sequences_scores, scores, atol=1e-4, rtol=0)

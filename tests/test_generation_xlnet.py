@@ -97,3 +97,87 @@ def test_predict_next_token_equals_transformers_dummy_token_scheme(attn_type, ba
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="expected no `perm_mask`, `target_mapping` or `token_type_ids`"):
         model(dummy, perm_mask=perm_mask, target_mapping=target_mapping, predict_next_token=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every memory configuration (issue 12): mem_len x reuse_len x use_mems, against transformers on the same weights
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def large_weight_pair(**overrides):
+    """transformers' XLNetLMHeadModel and ours with every parameter drawn from N(0, 0.2) (layer-norm weights from
+    1 + N(0, 0.1)): peaked distributions, so that a wrong memory changes the tokens, not only the logits."""
+    kwargs = {**TINY, "d_model": 16, "n_head": 2, "d_inner": 32, **overrides}
+    torch.manual_seed(0)
+    reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**kwargs)).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            is_norm_weight = "layer_norm" in name and name.endswith("weight")
+            param.copy_(1 + 0.1 * torch.randn_like(param) if is_norm_weight else 0.2 * torch.randn_like(param))
+    model = ours.XLNetLMHeadModel(XLNetConfig(**kwargs)).eval()
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+def assert_same_generation(model, reference, prompt, **settings):
+    """Same tokens, and the same logits at every step (tokens alone can agree by chance)."""
+    settings = dict(settings, return_dict_in_generate=True, output_logits=True)
+    torch.manual_seed(3)
+    actual = model.generate(prompt, **settings)
+    torch.manual_seed(3)
+    expected = reference.generate(prompt, **settings)
+    assert torch.equal(actual.sequences, expected.sequences)
+    for step, (ours_logits, their_logits) in enumerate(zip(actual.logits, expected.logits)):
+        torch.testing.assert_close(ours_logits, their_logits, atol=1e-4, rtol=0, msg=f"step {step}")
+
+
+STRATEGIES = {
+    "greedy": dict(do_sample=False),
+    "sampling": dict(do_sample=True, top_k=0, num_return_sequences=2),
+    "beams": dict(do_sample=False, num_beams=3, num_return_sequences=2),
+}
+PROMPT_LENGTH, NEW_TOKENS = 5, 6
+
+
+# mem_len: none, shorter than the prompt, between the prompt and prompt + new tokens, longer than both;
+# reuse_len: none, shorter and longer than the prompt.
+@pytest.mark.parametrize("use_mems", [True, False])
+@pytest.mark.parametrize("reuse_len", [None, 3, 7])
+@pytest.mark.parametrize("mem_len", [None, 3, 8, 20])
+def test_every_memory_configuration_matches_transformers(mem_len, reuse_len, use_mems):
+    reference, model = large_weight_pair(mem_len=mem_len, reuse_len=reuse_len)
+    prompt = ids(2, PROMPT_LENGTH, seed=4)
+    prompt[1, :2] = TINY["pad_token_id"]  # left padding (transformers' XLNet generation ignores the mask: so do we)
+    mask = (prompt != TINY["pad_token_id"]).long()
+    for settings in STRATEGIES.values():
+        assert_same_generation(
+            model, reference, prompt, attention_mask=mask, max_new_tokens=NEW_TOKENS, use_mems=use_mems, **settings
+        )
+
+
+# Boundaries: one- and two-token prompts, a memory of one or two positions, reuse_len 1, 2 and equal to the prompt.
+@pytest.mark.parametrize(
+    "prompt_length, mem_len, reuse_len",
+    [(1, None, 2), (1, 2, 1), (2, 1, None), (2, 2, 2), (2, None, 1), (4, 2, 4), (4, None, 4), (4, 5, 5)],
+)
+def test_memory_boundaries_match_transformers(prompt_length, mem_len, reuse_len):
+    reference, model = large_weight_pair(mem_len=mem_len, reuse_len=reuse_len)
+    assert_same_generation(model, reference, ids(2, prompt_length, seed=6), max_new_tokens=5, do_sample=False)
+
+
+def test_issue_12_example_reuse_len_shorter_than_the_prompt():
+    """The reported case: with reuse_len 5 < a 6-token prompt the second step's logits were off by about 0.9."""
+    kwargs = dict(vocab_size=120, d_model=32, n_layer=3, n_head=4, d_inner=64, mem_len=6, reuse_len=5, dropout=0.0)
+    reference, model = large_weight_pair(**kwargs)
+    prompt = torch.randint(0, 120, (1, 6), generator=torch.Generator().manual_seed(1))
+    assert_same_generation(model, reference, prompt, max_new_tokens=8, do_sample=False, pad_token_id=5)
+
+
+@pytest.mark.parametrize("reuse_len", [None, 2, 3])
+def test_user_mems_without_use_mems_match_transformers(reuse_len):
+    """With `use_mems=False` transformers attends to the same given memory (less its newest two positions) at
+    every step, before the last two tokens."""
+    reference, model = large_weight_pair(mem_len=6, reuse_len=reuse_len)
+    with torch.no_grad():
+        mems = model(ids(2, 7, seed=2), use_mems=True).mems
+    assert_same_generation(model, reference, ids(2, 4), mems=mems, use_mems=False, max_new_tokens=5, do_sample=False)

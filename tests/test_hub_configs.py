@@ -85,8 +85,22 @@ def test_the_original_transformer_xl_configs_follow_the_original_scripts():
 
 
 @pytest.mark.parametrize("name", ["enwik8", "wt103"])
-def test_convert_takes_released_configs_by_name(name):
+def test_convert_takes_released_configs_by_name(name, tmp_path, monkeypatch):
     from transformers_xl import hub_configs
 
     assert hub_configs.config_path(name) == str(HUB_CONFIGS / name / "config.json")
-    assert hub_configs.config_path("some/file.json") == "some/file.json"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text("{}")  # a file of that name wins
+    assert hub_configs.config_path(name) == name
+    with pytest.raises(ValueError, match=r"--config wt-103: neither a file nor a released config \(enwik8, lm1b"):
+        hub_configs.config_path("wt-103")
+
+
+@pytest.mark.parametrize("name", ["transfo-xl-wt103", "wt103", "xlnet-base-cased", "xlnet-large-cased"])
+def test_generation_configs_agree_with_their_model_configs(name):
+    """The word-level releases generate text: their generation config has the model config's special tokens."""
+    generation = transformers.GenerationConfig.from_pretrained(HUB_CONFIGS / name)
+    config = AutoConfig.from_pretrained(HUB_CONFIGS / name)
+    for token in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert getattr(generation, token) == getattr(config, token, None), token
+    assert generation.eos_token_id is not None

@@ -1,22 +1,29 @@
 """The Hub folders: remote code from any save, loading where transformers_xl is not installed, atomic writes, the
 model card, and pushing (against a local endpoint that records the requests)."""
 
+import base64
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 import torch
+import transformers
 from safetensors.torch import save_file
 
 import transformers_xl
 from transformers_xl import TransfoXLConfig, XLNetConfig
 from transformers_xl.cli import main
+from transformers_xl.conversion import cli as convert_command
 from transformers_xl.conversion import hub_export
 from transformers_xl.conversion.remote_code import OWN_AUTO_CLASS
 
@@ -63,9 +70,10 @@ class Blocker(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Blocker())
 import torch, transformers
 from safetensors.torch import load_file
-for folder, auto_class, expected_file in json.loads(sys.argv[1]):
+for folder, auto_class, head, expected_file in json.loads(sys.argv[1]):
     model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True).eval()
     assert type(model).__module__.startswith("transformers_modules"), type(model)
+    assert type(model).__name__ == head, (auto_class, type(model))  # the head the folder holds, no other
     expected, mems = load_file(expected_file), None
     with torch.no_grad():
         for k in range(2):
@@ -81,33 +89,41 @@ print("loaded", len(json.loads(sys.argv[1])), "folders without transformers_xl")
 
 
 def test_folders_load_with_trust_remote_code_where_the_plugin_is_absent(tmp_path):
-    """Converted folders (Transformer-XL with its tokenizer, the XLNet SQuAD head) and a folder saved from user code
-    load through the code copied into them, in a python that cannot import transformers_xl."""
+    """Converted folders (Transformer-XL with its tokenizer, the XLNet SQuAD head, a RACE head from TF) and folders
+    saved from user code load through the code copied into them, each as its own head class through the Auto class
+    of that head, in a python that cannot import transformers_xl."""
     assert main(["convert", str(LEGACY / "transfo_xl_lm"), str(tmp_path / "txl"), "--from", "hf-legacy"]) == 0
     assert main(["convert", str(LEGACY / "xlnet_squad"), str(tmp_path / "squad"), "--from", "hf-legacy"]) == 0
+    race = LEGACY.parent / "tf" / "xlnet_race"
+    race_config = str(race / "xlnet_config.json")
+    assert main(["convert", str(race), str(tmp_path / "race"), "--from", "tf", "--config", race_config]) == 0
     tiny("TransfoXLForSequenceClassification").save_pretrained(tmp_path / "classifier")
+    tiny("XLNetForTokenClassification").save_pretrained(tmp_path / "tagger")
     jobs = []
     for name, auto_class in [("txl", "AutoModelForCausalLM"), ("squad", "AutoModelForQuestionAnswering"),
-                             ("classifier", "AutoModelForSequenceClassification")]:  # fmt: skip
-        model = getattr(transformers_xl, json.loads((tmp_path / name / "config.json").read_text())["architectures"][0])
-        model = model.from_pretrained(tmp_path / name).eval()
+                             ("race", "AutoModelForMultipleChoice"),
+                             ("classifier", "AutoModelForSequenceClassification"),
+                             ("tagger", "AutoModelForTokenClassification")]:  # fmt: skip
+        head = json.loads((tmp_path / name / "config.json").read_text())["architectures"][0]
+        model = getattr(transformers_xl, head).from_pretrained(tmp_path / name).eval()
+        shape = (2, 2, 5) if name == "race" else (2, 5)
         expected, mems = {}, None
         with torch.no_grad():
             for k in range(2):
-                expected[f"ids{k}"] = torch.randint(0, 28, (2, 5), generator=torch.Generator().manual_seed(k))
+                expected[f"ids{k}"] = torch.randint(0, 28, shape, generator=torch.Generator().manual_seed(k))
                 out = model(expected[f"ids{k}"], mems=mems)
                 expected[f"out{k}"], mems = out[0].contiguous(), out.mems
         if name == "txl":
             tokenizer = transformers_xl.TransfoXLTokenizer.from_pretrained(tmp_path / name)
             expected["tokens"] = torch.tensor(tokenizer("the a of")["input_ids"])
         save_file(expected, tmp_path / f"{name}.safetensors")
-        jobs.append((str(tmp_path / name), auto_class, str(tmp_path / f"{name}.safetensors")))
+        jobs.append((str(tmp_path / name), auto_class, head, str(tmp_path / f"{name}.safetensors")))
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-I", "-c", NO_PLUGIN, json.dumps(jobs)], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "loaded 3 folders" in result.stdout
+    assert "loaded 5 folders" in result.stdout
 
 
 # --- atomic writes ----------------------------------------------------------------------------------------------
@@ -129,6 +145,39 @@ def test_existing_output_needs_force_and_is_then_replaced_whole(tmp_path, capsys
     assert {p.name for p in tmp_path.iterdir()} == {"out"}  # nothing left beside it
 
 
+def test_options_that_do_not_go_together_exit_with_status_2(tmp_path, capsys):
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--dry-run") == 2
+    assert "--dry-run need --push-to" in capsys.readouterr().err
+    source = tmp_path / "legacy" / "xlnet_lm"
+    shutil.copytree(LEGACY / "xlnet_lm", source)
+    for output in (source, source.parent):  # OUTPUT would replace SOURCE (with --force)
+        assert convert(source, output, "--force") == 2
+        assert "would replace SOURCE" in capsys.readouterr().err
+    assert sorted(p.name for p in source.iterdir()) == sorted(p.name for p in (LEGACY / "xlnet_lm").iterdir())
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_output_is_refused_before_the_source_is_read(tmp_path, monkeypatch, capsys):
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(convert_command, "read_source", lambda args: pytest.fail("the source was read"))
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out") == 1
+    assert "exists; pass --force" in capsys.readouterr().err
+
+
+def test_the_folder_gets_the_permissions_the_umask_gives(tmp_path):
+    """Not those of the private temporary folder (nor safetensors' private weights file)."""
+    umask = os.umask(0o022)
+    try:
+        assert convert(LEGACY / "xlnet_lm", tmp_path / "out") == 0
+    finally:
+        os.umask(umask)
+    output = tmp_path / "out"
+    assert output.stat().st_mode & 0o777 == 0o755
+    assert {path.name: path.stat().st_mode & 0o777 for path in output.iterdir()} == {
+        path.name: 0o644 for path in output.iterdir()
+    }
+
+
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
 def test_an_interrupted_conversion_leaves_nothing(failure, tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
@@ -138,6 +187,22 @@ def test_an_interrupted_conversion_leaves_nothing(failure, tmp_path, monkeypatch
     with pytest.raises(failure):
         convert(LEGACY / "xlnet_lm", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_terminated_conversion_leaves_nothing(tmp_path, monkeypatch):
+    """SIGTERM (kill, a scheduler's time limit) arriving while the folder is written."""
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # (the handler runs before this ends)
+        pytest.fail("SIGTERM did not stop the conversion")
+
+    monkeypatch.setattr(hub_export, "save_tokenizer", terminated)
+    with pytest.raises(SystemExit) as stopped:
+        convert(LEGACY / "xlnet_lm", tmp_path / "out")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # (the handler lasts as long as the command)
 
 
 def test_failed_verification_leaves_nothing(tmp_path, monkeypatch, capsys):
@@ -150,8 +215,15 @@ def test_failed_verification_leaves_nothing(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_model_card_records_source_command_and_verification(tmp_path):
+def test_the_command_runs_as_a_module_and_as_a_script():
+    for command in ([sys.executable, "-m", "transformers_xl"], [str(Path(sys.executable).parent / "transformers-xl")]):
+        result = subprocess.run([*command, "convert", "--help"], capture_output=True, text=True)
+        assert result.returncode == 0 and "--from {tf,original-pytorch,hf-legacy}" in result.stdout, result.stderr
+
+
+def test_model_card_records_source_command_and_verification(tmp_path, capsys):
     assert convert(LEGACY / "transfo_xl_lm", tmp_path / "out") == 0
+    assert re.search(r"verification \(.*\): max abs difference [0-9.e+-]+ \(tolerance 0.0001\)", capsys.readouterr().err)
     card = huggingface_hub.ModelCard.load(tmp_path / "out" / "README.md")
     assert card.data.library_name == "transformers" and "transformers-xl" in card.data.tags
     assert "transfo_xl_lm" in card.data.converted_from and "--from hf-legacy" in card.data.conversion_command
@@ -211,6 +283,9 @@ def hub(monkeypatch):
     endpoint = f"http://127.0.0.1:{server.server_port}"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    resolve = endpoint + "/{repo_id}/resolve/{revision}/{filename}"  # (ModelCard.load reads files through it)
+    monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", resolve)
+    monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)  # (transformers keeps the HfApi of its first push)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     yield RecordingHub.requests
     server.shutdown()
@@ -229,8 +304,33 @@ def test_push_uploads_the_folder_in_one_commit(tmp_path, hub):
     assert {"model.safetensors", "config.json", "modeling_xlnet.py", "README.md", "tokenizer.json"} <= pushed
 
 
+def test_a_failed_push_says_so_and_keeps_the_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # (nothing listens there)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--push-to", "org/tiny") == 1
+    assert "is written, but pushing it to org/tiny failed" in capsys.readouterr().err
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_dry_run_sends_nothing(tmp_path, hub, capsys):
     assert convert(LEGACY / "xlnet_lm", tmp_path / "out", "--push-to", "org/tiny", "--dry-run") == 0
     assert hub == []
     listing = capsys.readouterr().out
     assert "org/tiny/blob/main/model.safetensors" in listing and "modeling_xlnet.py" in listing
+
+
+@pytest.mark.parametrize("class_name", OWN_AUTO_CLASS)
+def test_push_to_hub_from_user_code_sends_the_model_code(class_name, hub):
+    """A model pushed from a training script (transformers' own push_to_hub) carries its code and auto_map."""
+    tiny(class_name).push_to_hub("org/tiny")
+    commits = [body for method, path, body in hub if method == "POST" and "/commit/" in path]
+    assert len(commits) == 1
+    files = {}
+    for line in map(json.loads, commits[0].decode().splitlines()):
+        if line["key"] == "file":
+            files[line["value"]["path"]] = line["value"]["content"]
+    modeling = "modeling_transfo_xl" if class_name.startswith("TransfoXL") else "modeling_xlnet"
+    assert {f"{modeling}.py", "relative_attention.py", "model.safetensors"} <= files.keys()
+    config = json.loads(base64.b64decode(files["config.json"]))
+    assert config["auto_map"][OWN_AUTO_CLASS[class_name]] == f"{modeling}.{class_name}"

@@ -21,7 +21,14 @@ def main(argv=None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = _subcommands()
     for name, module in commands.items():
-        module.add_arguments(subparsers.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__))
+        module.add_arguments(
+            subparsers.add_parser(
+                name,
+                help=module.__doc__.splitlines()[0],
+                description=module.__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter,  # (the docstring's own lines and examples)
+            )
+        )
     args = parser.parse_args(argv)
     return commands[args.command].run(args)
 
