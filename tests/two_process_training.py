@@ -51,6 +51,9 @@ def main(out):
         "eval_loss": metrics["eval_loss"],
     }
     Path(out, f"rank{args.process_index}.json").write_text(json.dumps(result))
+    # Leave the process group before exiting: a gloo group still alive at interpreter exit can abort the process
+    # ("terminate called without an active exception") after everything else succeeded.
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
