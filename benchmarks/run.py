@@ -156,7 +156,8 @@ class Session:
 
             return autocast
         if name == "compiled":
-            self.compiled = self.compiled or torch.compile(self.model)
+            if self.compiled is None:  # (a compiled module has no truth value: it forwards len() to the model)
+                self.compiled = torch.compile(self.model)
             return self.compiled
         raise ValueError(f"variant must be 'eager', 'bf16' or 'compiled', got {name!r}")
 
@@ -219,7 +220,7 @@ class Run:
 
     def add(self, section, case_name, model, workload, unit, sides, **extra):
         """One row: `sides` maps a side's name to a list of measurements, an error message or None (not
-        measured); the first side is ours."""
+        measured); the ratio compares the first two (see `ratio`)."""
         row = dict(section=section, config=case_name, model=model, workload=workload, unit=unit,
                    sides={name: side_summary(v) for name, v in sides.items()}, **extra)  # fmt: skip
         row["ratio"] = ratio(row)
@@ -361,13 +362,13 @@ def measure_variants(run: Run, case: Case, folder: Path, ours: Session, variant:
         try:
             if variant == "compiled":  # the first call compiles
                 compile_seconds = session.ask(other)["seconds"]
-            sides = alternate(
-                {"fp32 eager": lambda: session.ask(eager)["seconds"], variant: lambda: session.ask(other)["seconds"]},
+            sides = alternate(  # the variant first: the ratio is then its speed-up over fp32 eager
+                {variant: lambda: session.ask(other)["seconds"], "fp32 eager": lambda: session.ask(eager)["seconds"]},
                 run.args.rounds,
                 warmup=run.args.warmup,
             )
         except (WorkerError, RuntimeError) as error:  # (bf16 runs here: a failure is a RuntimeError)
-            sides = {"fp32 eager": None, variant: f"{error}".splitlines()[0][:300]}
+            sides = {variant: f"{error}".splitlines()[0][:300], "fp32 eager": None}
         if isinstance(session, Worker):
             session.close()
         run.add(variant, case.name, model, label, "s", sides, tokens=case.batch * case.length,
@@ -454,7 +455,8 @@ def rate(side, row):
 
 
 def ratio(row):
-    """ours / other for memory (lower is better), other / ours for times (higher: ours is faster)."""
+    """Of the first two sides (ours, or the variant measured): first / second for memory (lower is better), second /
+    first for times (the first side's speed-up)."""
     ours, other = list(row["sides"].values())[:2]
     if ours["status"] != "measured" or other["status"] != "measured":
         return None
@@ -487,9 +489,9 @@ SECTIONS = {
     "memory": ("Peak memory of a training step (above the trained model); ratio = ours / reference",
                ["configuration", "model", "workload", "ours", "reference", "ours / reference"]),
     "bf16": ("bf16 autocast against our own fp32: tokens/s, median / best; speed-up over fp32",
-             ["configuration", "model", "workload", "ours fp32", "ours bf16", "speed-up"]),
+             ["configuration", "model", "workload", "ours bf16", "ours fp32", "speed-up"]),
     "compiled": ("torch.compile(model) against eager, ours, fp32: tokens/s, median / best; speed-up over eager",
-                 ["configuration", "model", "workload", "eager", "compiled", "speed-up"]),
+                 ["configuration", "model", "workload", "compiled", "eager", "speed-up"]),
     "generation": ("Generation, greedy, batch 1: new tokens/s, median / best; speed-up = reference time / ours",
                    ["configuration", "model", "prompt", "ours", "reference", "speed-up", "ours without the cache"]),
     "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
