@@ -7,9 +7,9 @@ dummy-token scheme; memory kept whole, as the Hub configs' `mem_len: null` says)
     python benchmarks/bench_generation.py [--legacy-python /path/to/venv/bin/python] [--prompts 64 256 1024]
 
 The legacy implementation needs transformers 4.37.2, which cannot share a process with transformers v5: it runs in
-a worker process started with `--legacy-python` (a throw-away venv: `pip install torch==2.13.0
-transformers==4.37.2`), kept warm and driven round by round, so ours and the reference alternate (A, B, A, B).
-Without `--legacy-python` only our two modes are measured.
+a worker process under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON; README,
+"Benchmarks", says how to make that venv), kept warm and driven round by round, so ours and the reference alternate
+(A, B, A, B). Without it only our two modes are measured. `benchmarks/run.py` runs this benchmark among the others.
 
 Per-token time excludes the prompt: a logits processor timestamps every decoding step, and a run's time per token
 is the median interval between consecutive steps after the first (the prompt's). Greedy decoding, fp32, 2 threads,
@@ -17,15 +17,14 @@ eval mode. Reports min and median over rounds and the ratios.
 """
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from timing import LEGACY_PYTHON_ENV, Worker, alternate, legacy_python, serve
 
 CONFIG = dict(  # the measurement config of shared/reference/performance-notes.md, wt103-like memory
     vocab_size=32000, cutoffs=[8000, 16000], d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
@@ -73,6 +72,10 @@ def make_generate(model, use_cache, **extra):
     return run
 
 
+def random_prompt(length, vocab_size):
+    return torch.randint(1, vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+
+
 def print_table(title, results, baseline):
     """Rows per prompt length: min / median ms per token for each implementation, then the speed-ups."""
     print(f"\n{title}: ms per new token (min / median over rounds), B=1")
@@ -91,32 +94,31 @@ def print_table(title, results, baseline):
     print(f"{baseline} per-token time, prompt {max(results)} vs {min(results)}: {last / first:.2f}x")
 
 
-def bench_xlnet(prompts, rounds):
-    """Ours vs transformers' XLNet (same weights, same process, alternating)."""
+def bench_xlnet(prompts, rounds, config=XLNET_CONFIG, new_tokens=12):
+    """Ours vs transformers' XLNet (same weights, same process, alternating). Returns ({prompt_len: {name:
+    [seconds per token]}}, whether the greedy tokens are identical)."""
     import transformers
 
     from transformers_xl.modeling.configuration_xlnet import XLNetConfig
     from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
 
     torch.manual_seed(0)
-    reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**XLNET_CONFIG)).eval()
-    model = XLNetLMHeadModel(XLNetConfig(**XLNET_CONFIG)).eval()
+    reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**config)).eval()
+    model = XLNetLMHeadModel(XLNetConfig(**config)).eval()
     model.load_state_dict(reference.state_dict())
     runs = {name: make_generate(m, True, use_mems=True) for name, m in (("ours", model), ("transformers", reference))}
-    prompt = torch.randint(1, 32000, (1, 64), generator=torch.Generator().manual_seed(0))
+    prompt = random_prompt(min(prompts), config["vocab_size"])
     same = torch.equal(runs["ours"](prompt, 8), runs["transformers"](prompt, 8))
     print(f"XLNet greedy tokens identical to transformers: {same}")
     results = {}
     for prompt_len in prompts:
-        prompt = torch.randint(1, 32000, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-        rows = {name: [] for name in runs}
+        prompt = random_prompt(prompt_len, config["vocab_size"])
+        timed = {name: (lambda run=run: seconds_per_token(run, prompt, new_tokens)) for name, run in runs.items()}
         for run in runs.values():
             run(prompt, 2)  # warm-up
-        for _ in range(rounds):
-            for name, run in runs.items():
-                rows[name].append(seconds_per_token(run, prompt, 12))
-        results[prompt_len] = rows
-    print_table("XLNet (d_model 512, 6 layers, use_mems)", results, "ours")
+        results[prompt_len] = alternate(timed, rounds, warmup=0)
+    print_table(f"XLNet (d_model {config['d_model']}, {config['n_layer']} layers, use_mems)", results, "ours")
+    return results, same
 
 
 def legacy_worker(folder):
@@ -127,18 +129,19 @@ def legacy_worker(folder):
     torch.set_num_threads(2)
     model = TransfoXLLMHeadModel.from_pretrained(folder).eval()
     generate = make_generate(model, use_cache=True)  # the legacy model takes no attention_mask
-    for line in sys.stdin:
-        request = json.loads(line)
-        prompt = torch.randint(1, CONFIG["vocab_size"], (1, request["prompt_len"]), generator=torch.Generator().manual_seed(0))
+
+    def handle(request):
+        prompt = random_prompt(request["prompt_len"], model.config.vocab_size)
         if request.get("tokens"):
-            print(json.dumps({"tokens": generate(prompt, request["tokens"])[0].tolist()}), flush=True)
-            continue
-        print(json.dumps({"value": seconds_per_token(generate, prompt, request["new_tokens"])}), flush=True)
+            return {"tokens": generate(prompt, request["tokens"])[0].tolist()}
+        return {"value": seconds_per_token(generate, prompt, request["new_tokens"])}
+
+    serve(handle)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--legacy-python", help="python of a venv with transformers==4.37.2")
+    parser.add_argument("--legacy-python", help=f"python of a transformers==4.37.2 venv (default: ${LEGACY_PYTHON_ENV})")
     parser.add_argument("--prompts", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=["transfo-xl", "xlnet"], choices=["transfo-xl", "xlnet"])
@@ -149,60 +152,48 @@ def main():
 
     torch.set_num_threads(2)
     if "transfo-xl" in args.models:
-        bench_transfo_xl(args.prompts, args.rounds, args.legacy_python)
+        bench_transfo_xl(args.prompts, args.rounds, legacy_python(args.legacy_python))
     if "xlnet" in args.models:
         bench_xlnet(args.prompts, args.rounds)
 
 
-def bench_transfo_xl(prompts, rounds, legacy_python):
-    """Ours with the cache, ours recomputing, and (with `legacy_python`) transformers 4.37.2 in a worker."""
+def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=12):
+    """Ours with the cache, ours recomputing, and (with `legacy_python`) transformers 4.37.2 in a worker. Returns
+    ({prompt_len: {name: [seconds per token]}}, whether the greedy tokens equal legacy's, None without legacy)."""
     from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 
     torch.manual_seed(0)
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**CONFIG)).eval()
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**config)).eval()
     folder = Path(tempfile.mkdtemp(prefix="bench_txl_"))
     model.config.save_pretrained(folder)
     torch.save(model.state_dict(), folder / "pytorch_model.bin")  # every key, as legacy files hold them
-
-    legacy = None
-    if legacy_python:
-        legacy = subprocess.Popen(
-            [legacy_python, __file__, "--legacy-worker", str(folder)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=tempfile.gettempdir(),  # keep the repo (and transformers_xl) off the worker's path
-        )
-
-    def ask_legacy(request):
-        legacy.stdin.write(json.dumps(request) + "\n")
-        legacy.stdin.flush()
-        return json.loads(legacy.stdout.readline())
+    legacy = Worker(legacy_python, __file__, "--legacy-worker", str(folder)) if legacy_python else None
 
     cached = make_generate(model, True, attention_mask=None)
     recompute = make_generate(model, False, attention_mask=None)
+    same = None
     if legacy:  # parity first: legacy starts from zero memory vectors, so compare in that mode
         model.config.zero_initial_mems = True
-        prompt = torch.randint(1, CONFIG["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))
-        same = cached(prompt, 8)[0].tolist() == ask_legacy({"prompt_len": 64, "tokens": 8})["tokens"]
+        prompt = random_prompt(min(prompts), config["vocab_size"])
+        same = cached(prompt, 8)[0].tolist() == legacy.ask({"prompt_len": min(prompts), "tokens": 8})["tokens"]
         print(f"Transformer-XL greedy tokens identical to legacy (zero_initial_mems=True): {same}")
         model.config.zero_initial_mems = False
 
     results = {}
     for prompt_len in prompts:
-        prompt = torch.randint(1, CONFIG["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(0))
+        prompt = random_prompt(prompt_len, config["vocab_size"])
         cached(prompt, 2), recompute(prompt, 2)  # warm-up
-        rows = {"ours (cache)": [], "ours (recompute)": [], "legacy 4.37.2": []}
-        for _ in range(rounds):
-            rows["ours (cache)"].append(seconds_per_token(cached, prompt, 12))
-            if legacy:
-                rows["legacy 4.37.2"].append(ask_legacy({"prompt_len": prompt_len, "new_tokens": 12})["value"])
-            rows["ours (recompute)"].append(seconds_per_token(recompute, prompt, 3))
-        results[prompt_len] = {name: values for name, values in rows.items() if values}
-    print_table("Transformer-XL (d_model 512, 6 layers, mem_len 1600)", results, "ours (cache)")
+        runs = {"ours (cache)": lambda: seconds_per_token(cached, prompt, new_tokens)}
+        if legacy:
+            legacy.ask({"prompt_len": prompt_len, "new_tokens": 2})  # warm-up
+            runs["legacy 4.37.2"] = lambda: legacy.ask({"prompt_len": prompt_len, "new_tokens": new_tokens})["value"]
+        runs["ours (recompute)"] = lambda: seconds_per_token(recompute, prompt, 3)
+        results[prompt_len] = alternate(runs, rounds, warmup=0)
+    title = f"Transformer-XL (d_model {config['d_model']}, {config['n_layer']} layers, mem_len {config['mem_len']})"
+    print_table(title, results, "ours (cache)")
     if legacy:
-        legacy.stdin.close()
-        legacy.wait()
+        legacy.close()
+    return results, same
 
 
 if __name__ == "__main__":

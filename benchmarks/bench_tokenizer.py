@@ -2,23 +2,24 @@
 
 Run from the repository root:
 
-    python benchmarks/bench_tokenizer.py [--rounds 7] [--legacy-python /work/legacy-venv/bin/python]
+    python benchmarks/bench_tokenizer.py [--rounds 7] [--legacy-python PATH/TO/legacy-venv/bin/python]
 
 Both tokenizers load the same legacy folder (tests/fixtures/tokenizer/legacy) and encode the parity corpus
 (tests/fixtures/tokenizer/corpus.txt) to ids, through the public call `tokenizer(lines)` and one line at a time
-with `tokenizer.encode(line)`. The legacy tokenizer runs in a worker process under the legacy interpreter; rounds
-alternate between the two so that machine load hits both alike. Ours is timed with `tokenizers`' thread pool
+with `tokenizer.encode(line)`. The legacy tokenizer runs in a worker process under the legacy venv's python
+(`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON; README, "Benchmarks", says how to make that venv; without it
+only ours is measured); rounds alternate between the two so that machine load hits both alike. Ours is timed with `tokenizers`' thread pool
 (`TOKENIZERS_PARALLELISM=true`, its default) and on one thread. Prints the median lines/s and the ratios.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from timing import LEGACY_PYTHON_ENV, Worker, alternate, legacy_python, serve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizer"
 
@@ -50,24 +51,17 @@ def legacy_worker():
     tokenizer = TransfoXLTokenizer.from_pretrained(FIXTURES / "legacy")
     lines = read_lines()
     measure(tokenizer, lines[:50])  # warm-up
-    for _ in sys.stdin:
-        print(json.dumps(measure(tokenizer, lines)), flush=True)
+    serve(lambda request: measure(tokenizer, lines))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--legacy-python", default="/work/legacy-venv/bin/python")
+    parser.add_argument("--legacy-python", help=f"python of a transformers==4.37.2 venv (default: ${LEGACY_PYTHON_ENV})")
     args = parser.parse_args()
-
-    worker = subprocess.Popen(
-        [args.legacy_python, __file__, "--legacy-worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "TRUST_REMOTE_CODE": "True"},  # the legacy tokenizer refuses its pickle otherwise
-        text=True,
-    )
+    python = legacy_python(args.legacy_python)
+    # The legacy tokenizer refuses its own pickle without TRUST_REMOTE_CODE.
+    worker = Worker(python, __file__, "--legacy-worker", env={"TRUST_REMOTE_CODE": "True"}) if python else None
     from transformers import AutoTokenizer
 
     import transformers_xl  # noqa: F401  (registers the tokenizer)
@@ -75,17 +69,17 @@ def main():
     ours = AutoTokenizer.from_pretrained(FIXTURES / "legacy")
     lines = read_lines()
     measure(ours, lines[:50])  # warm-up
-    results = {"ours": [], "ours, 1 thread": [], "legacy": []}
-    for _ in range(args.rounds):
-        os.environ["TOKENIZERS_PARALLELISM"] = "true"
-        results["ours"].append(measure(ours, lines))
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        results["ours, 1 thread"].append(measure(ours, lines))
-        worker.stdin.write("go\n")
-        worker.stdin.flush()
-        results["legacy"].append(json.loads(worker.stdout.readline()))
-    worker.stdin.close()
-    worker.wait()
+
+    def ours_on(parallelism):
+        os.environ["TOKENIZERS_PARALLELISM"] = parallelism
+        return measure(ours, lines)
+
+    runs = {"ours": lambda: ours_on("true"), "ours, 1 thread": lambda: ours_on("false")}
+    if worker:
+        runs["legacy"] = lambda: worker.ask({})
+    results = alternate(runs, args.rounds, warmup=0)
+    if worker:
+        worker.close()
 
     medians = {
         name: {kind: statistics.median(round_[kind] for round_ in rounds) for kind in ("batch", "per_line")}
@@ -95,6 +89,9 @@ def main():
     print(f"{'':24s} {'tokenizer(lines)':>18s} {'encode(line)':>14s}")
     for name, kinds in medians.items():
         print(f"{name:24s} {kinds['batch']:18.0f} {kinds['per_line']:14.0f}")
+    if not worker:
+        print("legacy: not measured (no --legacy-python)")
+        return
     for name in ("ours", "ours, 1 thread"):
         ratios = [medians[name][kind] / medians["legacy"][kind] for kind in ("batch", "per_line")]
         print(f"{name + ' / legacy':24s} {ratios[0]:17.1f}x {ratios[1]:13.1f}x")

@@ -17,11 +17,10 @@ min and median seconds of each side and the ratio transformers / ours (> 1: ours
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 import transformers
+from timing import alternate, seconds, summary
 
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
@@ -77,12 +76,6 @@ def workloads(batch, length, num_predict, vocab_size):
     return {"lm2": lm2, "plm": plm, "body": body}
 
 
-def timed(fn, model):
-    start = time.perf_counter()
-    fn(model)
-    return time.perf_counter() - start
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["lm2"], choices=["lm2", "plm", "body"])
@@ -108,20 +101,14 @@ def main():
         for name in args.workloads:
             fn = runs[name]
             diff = (fn(reference) - fn(model)).abs().max().item()
-            for _ in range(args.warmup):
-                fn(model), fn(reference)
-            times = {"ours": [], "transformers": []}
-            for _ in range(args.rounds):
-                for _ in range(args.repeats):
-                    times["ours"].append(timed(fn, model))
-                for _ in range(args.repeats):
-                    times["transformers"].append(timed(fn, reference))
-            summary = {side: (min(values), statistics.median(values)) for side, values in times.items()}
+            sides = {"ours": lambda: seconds(fn, model), "transformers": lambda: seconds(fn, reference)}
+            times = alternate(sides, args.rounds, warmup=args.warmup, repeats=args.repeats)
+            ours, theirs = summary(times["ours"]), summary(times["transformers"])
             print(
-                f"{name:5s} ours min {summary['ours'][0]:.3f} s / median {summary['ours'][1]:.3f} s | "
-                f"transformers min {summary['transformers'][0]:.3f} s / median {summary['transformers'][1]:.3f} s | "
-                f"ratio (transformers / ours) min {summary['transformers'][0] / summary['ours'][0]:.2f}x, "
-                f"median {summary['transformers'][1] / summary['ours'][1]:.2f}x | max |logit diff| {diff:.2e}"
+                f"{name:5s} ours min {ours['min']:.3f} s / median {ours['median']:.3f} s | "
+                f"transformers min {theirs['min']:.3f} s / median {theirs['median']:.3f} s | "
+                f"ratio (transformers / ours) min {theirs['min'] / ours['min']:.2f}x, "
+                f"median {theirs['median'] / ours['median']:.2f}x | max |logit diff| {diff:.2e}"
             )
 
 

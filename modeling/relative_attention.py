@@ -48,9 +48,41 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
             f"relative_shift: {distances} distances cannot be shifted to {key_length} keys with offset {offset} for "
             f"{length} queries; expected key_length < distances and 0 <= offset <= queries."
         )
+    if torch.is_grad_enabled() and position_scores.requires_grad:
+        return _RelativeShift.apply(position_scores, key_length, offset)
+    return _shifted_view(position_scores, key_length, offset)
+
+
+def _shifted_view(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
+    *batch, length, distances = position_scores.shape
     flat = position_scores.reshape(*batch, length * distances)
     rows = flat[..., offset : offset + length * (distances - 1)].view(*batch, length, distances - 1)
     return rows[..., :key_length]
+
+
+class _RelativeShift(torch.autograd.Function):
+    """The shift with a one-pass backward. Autograd's own backward of the view's slices fills a zero tensor of the
+    scores' size per slice and copies the gradient into it (two or three passes over a [B, H, q, R] tensor per
+    layer); the shifted cells are distinct, so the gradient is written through the same view and only the cells it
+    does not cover are zeroed."""
+
+    @staticmethod
+    def forward(ctx, position_scores, key_length, offset):
+        ctx.shape, ctx.key_length, ctx.offset = position_scores.shape, key_length, offset
+        return _shifted_view(position_scores, key_length, offset)
+
+    @staticmethod
+    def backward(ctx, grad):
+        *batch, length, distances = ctx.shape
+        grad_scores = grad.new_empty(ctx.shape)
+        flat = grad_scores.view(*batch, length * distances)
+        end = ctx.offset + length * (distances - 1)
+        flat[..., : ctx.offset].zero_()
+        flat[..., end:].zero_()
+        rows = flat[..., ctx.offset : end].view(*batch, length, distances - 1)
+        rows[..., ctx.key_length :].zero_()
+        rows[..., : ctx.key_length].copy_(grad)
+        return grad_scores, None, None
 
 
 def relative_position_scores(

@@ -1,0 +1,71 @@
+"""Where a call's time goes: torch.profiler's op table and the GEMM FLOPs (`FlopCounterMode`) of one evaluation or
+training forward + backward, at the configurations of `run.py`, for ours or a reference.
+
+    python benchmarks/profile_step.py [--config issue] [--model transfo-xl] [--workload train]
+                                      [--implementation ours|transformers|legacy] [--legacy-python PYTHON] [--rows 30]
+
+The FLOP counts hold on a busy machine (they count work, not time); the op times do not, compare them within one
+table. FLOPs are reported against `run.ideal_forward_flops` (x3 for forward + backward: the backward pass of a GEMM
+costs two GEMMs), so redundant work shows. The legacy Transformer-XL (transformers 4.37.2) is profiled in a process
+of its own under the legacy python (`--legacy-python` or $TRANSFORMERS_XL_LEGACY_PYTHON).
+"""
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from run import CASES, Session, ideal_forward_flops, write_case_folder
+from timing import LEGACY_PYTHON_ENV, legacy_python
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def profile_call(folder: Path, implementation: str, workload: str, rows: int, ideal: float):
+    session = Session(folder, implementation)
+    call = {"eval": session.evaluate, "train": session.forward_backward}[workload]
+    call(session.model)  # warm-up
+    with FlopCounterMode(display=False) as counter:
+        call(session.model)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+        call(session.model)
+    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=40))
+    print(profiler.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=rows // 2,
+                                                                 max_name_column_width=30, max_shapes_column_width=70))  # fmt: skip
+    ideal *= 3 if workload == "train" else 1
+    total = counter.get_total_flops()
+    print(f"GEMM FLOPs counted: {total / 1e9:.1f} G, ideal {ideal / 1e9:.1f} G ({total / ideal:.2f}x the ideal)")
+    for op, flops in sorted(counter.get_flop_counts()["Global"].items(), key=lambda item: -item[1]):
+        print(f"  {str(op):40s} {flops / 1e9:8.1f} G")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=list(CASES), default="issue")
+    parser.add_argument("--model", choices=["transfo-xl", "xlnet"], default="transfo-xl")
+    parser.add_argument("--workload", choices=["eval", "train"], default="train")
+    parser.add_argument("--implementation", choices=["ours", "transformers", "legacy"], default="ours")
+    parser.add_argument("--legacy-python", help=f"python of a transformers==4.37.2 venv (default: ${LEGACY_PYTHON_ENV})")
+    parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)  # (set when this script re-runs itself for legacy)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    case = next(case for case in CASES[args.config] if case.model == args.model)
+    ideal = ideal_forward_flops(case)
+    if args.folder:
+        return profile_call(Path(args.folder), args.implementation, args.workload, args.rows, ideal)
+    folder = Path(tempfile.mkdtemp(prefix="profile_")) / "case"
+    write_case_folder(case, folder)
+    if args.implementation != "legacy":
+        return profile_call(folder, args.implementation, args.workload, args.rows, ideal)
+    python = legacy_python(args.legacy_python)
+    if not python:
+        parser.error(f"--implementation legacy needs --legacy-python or ${LEGACY_PYTHON_ENV}")
+    return subprocess.run([python, __file__, *sys.argv[1:], "--folder", str(folder)], check=True).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,598 @@
+"""One command for the performance claims: ours against the references, on the same weights and inputs, in one run.
+
+    python benchmarks/run.py [--legacy-python PYTHON] [--output DIR] [--configs ...] [--workloads ...]
+    python benchmarks/run.py --quick        # tiny sizes, under a minute: a smoke test of the whole command
+
+References: transformers 5's XLNet, in this process; transformers 4.37.2's Transformer-XL, which cannot share a
+process with transformers 5, in a worker process under the legacy venv's python (`--legacy-python`, or
+$TRANSFORMERS_XL_LEGACY_PYTHON; README, "Benchmarks", says how to make that venv). Without it the legacy side is
+reported as not measured. Every implementation loads the same folder (config.json + pytorch_model.bin written
+from our randomly initialised model) and the same inputs (the second segment, and the memory our model left after
+the first segment, saved beside it), so the reference's logits are checked against ours first (max |diff|).
+
+Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of the previous segment):
+- `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`), training forward +
+  backward (labels, gradients), and a full training step (forward, backward, AdamW step, zero_grad), tokens/s; the
+  evaluation's fraction of the machine's fp32 matmul peak on ideal FLOPs (see `ideal_forward_flops`);
+- `memory`: peak memory of a training step, both sides (see `Session.peak_memory`);
+- `bf16`: ours under `torch.autocast("cpu", torch.bfloat16)` against ours in fp32 (evaluation and training);
+- `compile`: `torch.compile(model)` against eager, ours, evaluation and training forward + backward; failures are
+  reported, with their error, instead of stopping the run (the first configuration only);
+- `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references;
+- `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
+  memory of the other half) against recomputing a sliding window for every token (the paper's evaluation
+  speed-up, at CPU scale), attention lengths 128 ... 1024, batch 1;
+- `peak`: the matmul peak itself (fp32 and bf16, best of several square products), measured first.
+
+Configurations: `issue` (d_model 512, 6 layers, 8 heads, d_inner 2048, vocabulary 32000, batch 4 x 512 tokens,
+memory 512; Transformer-XL cutoffs [4000, 12000], div_val 1), `wt103` (transfo-xl-wt103's shapes, 2 of its 18
+layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers); dropout 0 everywhere, so both sides
+compute the same thing in training mode. `--quick` uses one tiny configuration per model.
+
+Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
+`--rounds` rounds that alternate the sides (A, B, A, B, ...); each side's min and median, and ratios of the medians.
+2 threads by default. Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows);
+default DIR: benchmark-results.
+"""
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from timing import LEGACY_PYTHON_ENV, Worker, WorkerError, alternate, legacy_python, seconds, serve, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+# glibc keeps freed blocks below a (growing) threshold for reuse, so the resident size of a process says little about
+# its tensors; a fixed threshold of 64 KiB makes every larger allocation its own mapping, returned when freed.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+@dataclass
+class Case:
+    """One model configuration with its input shape."""
+
+    name: str
+    model: str  # "transfo-xl" or "xlnet"
+    config: dict
+    batch: int = 4
+    length: int = 512
+
+    @property
+    def reference(self):
+        return "legacy" if self.model == "transfo-xl" else "transformers"
+
+    @property
+    def reference_name(self):
+        return "transformers 4.37.2" if self.model == "transfo-xl" else "transformers 5"
+
+
+def hub_shape(name, **overrides):
+    config = json.loads((ROOT / "hub_configs" / name / "config.json").read_text())
+    for key in ("architectures", "model_type", "task_specific_params"):
+        config.pop(key, None)
+    return {**config, "dropout": 0.0, **overrides}
+
+
+ISSUE_TRANSFO_XL = dict(
+    vocab_size=32000, cutoffs=[4000, 12000], div_val=1, d_model=512, d_embed=512, n_head=8, d_head=64,
+    d_inner=2048, n_layer=6, mem_len=512, dropatt=0.0, eos_token_id=None, dropout=0.0,
+)  # fmt: skip
+ISSUE_XLNET = dict(vocab_size=32000, d_model=512, n_layer=6, n_head=8, d_inner=2048, mem_len=512, dropout=0.0)
+CASES = {
+    "issue": [Case("issue", "transfo-xl", ISSUE_TRANSFO_XL), Case("issue", "xlnet", ISSUE_XLNET)],
+    "wt103": [Case("wt103, 2 layers", "transfo-xl", hub_shape("transfo-xl-wt103", n_layer=2, mem_len=512, dropatt=0))],
+    "xlnet-base": [Case("xlnet-base, 2 layers", "xlnet", hub_shape("xlnet-base-cased", n_layer=2, mem_len=512))],
+}
+QUICK_CASES = [
+    Case("tiny", "transfo-xl", dict(ISSUE_TRANSFO_XL, vocab_size=1000, cutoffs=[200, 600], d_model=32, d_embed=32,
+                                    n_head=4, d_head=8, d_inner=64, n_layer=2, mem_len=16), batch=2, length=16),
+    Case("tiny", "xlnet", dict(ISSUE_XLNET, vocab_size=1000, d_model=32, n_head=4, d_inner=64, n_layer=2, mem_len=16),
+         batch=2, length=16),
+]  # fmt: skip
+WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "stream"]
+MODEL_NAMES = {"transfo-xl": "Transformer-XL", "xlnet": "XLNet"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One implementation, in this process or in a worker
+
+
+def load_model(folder: Path, implementation: str):
+    """Ours, transformers 5's XLNet or transformers 4.37.2's Transformer-XL (run under the legacy python)."""
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    if implementation == "ours":
+        import transformers_xl
+
+        model_class = {"transfo-xl": transformers_xl.TransfoXLLMHeadModel, "xlnet": transformers_xl.XLNetLMHeadModel}
+        model_class = model_class[model_type]
+    elif implementation == "transformers":
+        from transformers import XLNetLMHeadModel as model_class
+    elif implementation == "legacy":
+        from transformers import TransfoXLLMHeadModel as model_class
+    else:
+        raise ValueError(f"implementation must be 'ours', 'transformers' or 'legacy', got {implementation!r}")
+    return model_class.from_pretrained(folder).eval()
+
+
+class Session:
+    """One implementation loaded from a case folder, answering measurement requests ({"op": ...}: `time`,
+    `logits`, `peak_memory`), the same in this process and in a worker."""
+
+    def __init__(self, folder: Path, implementation: str):
+        self.model = load_model(folder, implementation)
+        inputs = torch.load(folder / "inputs.pt", weights_only=True)
+        self.input_ids, self.mems = inputs["input_ids"], tuple(inputs["mems"])
+        self.extra = {"use_mems": True} if self.model.config.model_type == "xlnet" else {}
+        self.optimizer = None
+        self.compiled = None
+
+    def ask(self, request: dict) -> dict:
+        if request["op"] == "time":
+            workloads = {"eval": self.evaluate, "train": self.forward_backward, "step": self.train_step}
+            workload = workloads[request["workload"]]
+            return {"seconds": seconds(workload, self.variant(request.get("variant", "eager")))}
+        if request["op"] == "logits":
+            torch.save(self.evaluate(self.model).float(), request["path"])
+            return {}
+        if request["op"] == "peak_memory":
+            return {"bytes": self.peak_memory()}
+        raise ValueError(f"unknown request {request}")
+
+    def variant(self, name):
+        """A callable model: the model itself, the model under bf16 autocast, or `torch.compile(model)`."""
+        if name == "eager":
+            return self.model
+        if name == "bf16":
+            def autocast(*args, **kwargs):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return self.model(*args, **kwargs)
+
+            return autocast
+        if name == "compiled":
+            if self.compiled is None:  # (a compiled module has no truth value: it forwards len() to the model)
+                self.compiled = torch.compile(self.model)
+            return self.compiled
+        raise ValueError(f"variant must be 'eager', 'bf16' or 'compiled', got {name!r}")
+
+    def evaluate(self, model):
+        self.model.eval()
+        with torch.inference_mode():
+            output = model(self.input_ids, mems=self.mems, **self.extra)
+        return output.logits if "logits" in output else output.prediction_scores  # (the legacy model's name)
+
+    def forward_backward(self, model):
+        self.model.train()
+        model(self.input_ids, mems=self.mems, labels=self.input_ids, **self.extra).loss.backward()
+
+    def train_step(self, model):
+        self.optimizer = self.optimizer or torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.forward_backward(model)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def peak_memory(self):
+        """Bytes a training step adds to the process's resident memory at its peak: activations, gradients and
+        temporaries. Measured on the second step (the first one creates AdamW's state, which then stays resident
+        like the weights), from the resident size before the step to the high-water mark during it, which Linux
+        resets on request (/proc/self/clear_refs). Run in a fresh worker with `MALLOC_ENV`, so that freed memory
+        leaves the resident set. (torch keeps no allocator statistics for CPU tensors, and tracemalloc sees only
+        Python's own allocations.)"""
+        self.train_step(self.model)
+        before = resident_bytes("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
+        self.train_step(self.model)
+        return resident_bytes("VmHWM") - before
+
+
+def resident_bytes(field_name):
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{field_name}:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def worker_main(folder, implementation, threads):
+    torch.set_num_threads(threads)
+    serve(Session(Path(folder), implementation).ask)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The measurements
+
+
+@dataclass
+class Run:
+    """What the command measured: `rows` (for results.json and the tables) and where it works."""
+
+    args: argparse.Namespace
+    workdir: Path
+    rows: list = field(default_factory=list)
+    peak_flops: dict = field(default_factory=dict)
+
+    def worker(self, folder, implementation, python=None, env=None):
+        python = python or sys.executable
+        return Worker(python, __file__, "--worker", str(folder), implementation, str(self.args.threads), env=env)
+
+    def add(self, section, case_name, model, workload, unit, sides, **extra):
+        """One row: `sides` maps a side's name to a list of measurements, an error message or None (not
+        measured); the ratio compares the first two (see `ratio`)."""
+        row = dict(section=section, config=case_name, model=model, workload=workload, unit=unit,
+                   sides={name: side_summary(v) for name, v in sides.items()}, **extra)  # fmt: skip
+        row["ratio"] = ratio(row)
+        self.rows.append(row)
+
+
+def side_summary(values):
+    if values is None:
+        return {"status": "not measured"}
+    if isinstance(values, str):
+        return {"status": "failed", "error": values}
+    return {"status": "measured", **summary(values)}
+
+
+def write_case_folder(case: Case, folder: Path):
+    """config.json + pytorch_model.bin (every key, as transformers 4.x saved them) from our randomly initialised
+    model, and inputs.pt: the second segment and the memory our model left after the first one."""
+    import transformers_xl
+
+    config_class, model_class = {
+        "transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
+        "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel),
+    }[case.model]
+    torch.manual_seed(0)
+    model = model_class(config_class(**case.config)).eval()
+    folder.mkdir(parents=True)
+    model.config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    generator = torch.Generator().manual_seed(0)
+    first, second = torch.randint(0, case.config["vocab_size"], (2, case.batch, case.length), generator=generator)
+    with torch.inference_mode():
+        mems = model(first, **({"use_mems": True} if case.model == "xlnet" else {})).mems
+    torch.save({"input_ids": second, "mems": list(mems)}, folder / "inputs.pt")
+
+
+def ideal_forward_flops(case: Case) -> float:
+    """GEMM FLOPs an ideal implementation spends on one evaluation call (performance-notes.md, Sec. 4): per layer
+    the query and output projections of the q new tokens, key / value projections of all k = memory + q tokens,
+    the relative position keys projected once for the R distances (R = k for Transformer-XL, k + q for XLNet), the
+    content, position and value products over (q, k) pairs and the feed-forward; then the output layer (each cluster
+    of the adaptive softmax with its width and projection)."""
+    c, b, q = case.config, case.batch, case.length
+    k = c["mem_len"] + q
+    distances = k + q if case.model == "xlnet" else k
+    d, inner, heads = c["d_model"], c["d_inner"], c["n_head"] * c.get("d_head", c["d_model"] // c["n_head"])
+    layer = 4 * b * q * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads + 6 * b * q * k * heads
+    layer += 4 * b * q * d * inner
+    vocab = c["vocab_size"]
+    if case.model == "xlnet" or not c.get("cutoffs"):
+        head = 2 * b * q * d * vocab
+    else:
+        ends = [0, *c["cutoffs"], vocab]
+        head = 0
+        for i in range(len(ends) - 1):
+            width = c.get("d_embed", d) // c.get("div_val", 1) ** i
+            rows = ends[i + 1] - ends[i] + (len(ends) - 2 if i == 0 else 0)  # the head also scores the clusters
+            head += 2 * b * q * rows * width + (2 * b * q * d * width if width != d else 0)
+    return c["n_layer"] * layer + head
+
+
+def matmul_peak(dtype, size, calls=5):
+    """FLOP/s of the best of `calls` square products of `size`, after two warm-up calls."""
+    a, b = (torch.randn(size, size).to(dtype) for _ in range(2))
+    out = torch.empty(size, size, dtype=dtype)
+    for _ in range(2):
+        torch.mm(a, b, out=out)
+    return 2 * size**3 / min(seconds(torch.mm, a, b) for _ in range(calls))
+
+
+def measure_peak(run: Run):
+    size = 512 if run.args.quick else 2048
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        run.peak_flops[name] = matmul_peak(dtype, size)
+        print(f"matmul peak {name} ({size}x{size}): {run.peak_flops[name] / 1e9:.0f} GFLOP/s")
+
+
+def reference_session(run: Run, case: Case, folder: Path):
+    """The reference side: transformers' XLNet in this process, legacy Transformer-XL in a worker (or None)."""
+    if case.reference == "transformers":
+        return Session(folder, "transformers")
+    python = legacy_python(run.args.legacy_python)
+    return run.worker(folder, "legacy", python) if python else None
+
+
+def measure_throughput(run: Run, case: Case, folder: Path, ours: Session, reference):
+    """Parity, then evaluation / training / training step, ours and the reference alternating."""
+    model, tokens = MODEL_NAMES[case.model], case.batch * case.length
+    parity = None
+    if reference is not None:
+        path = folder / "reference-logits.pt"
+        reference.ask({"op": "logits", "path": str(path)})
+        parity = (torch.load(path) - ours.evaluate(ours.model).float()).abs().max().item()
+        print(f"{case.name} {model}: max |logit diff| ours vs {case.reference_name}: {parity:.2e}")
+    labels = {"eval": "evaluation", "train": "training forward + backward", "step": "training step (AdamW)"}
+    for workload, label in labels.items():
+        request = {"op": "time", "workload": workload}
+        runs = {"ours": lambda: ours.ask(request)["seconds"]}
+        if reference is not None:
+            runs[case.reference_name] = lambda: reference.ask(request)["seconds"]
+        values = alternate(runs, run.args.rounds, warmup=run.args.warmup)
+        values.setdefault(case.reference_name, None)
+        extra = {"tokens": tokens}
+        if workload == "eval":
+            extra.update(ideal_flops=ideal_forward_flops(case), max_abs_logit_diff=parity)
+        run.add("throughput", case.name, model, label, "s", values, **extra)
+        print_row(run.rows[-1])
+
+
+def measure_memory(run: Run, case: Case, folder: Path):
+    """Peak memory of a training step, each side in a fresh worker."""
+    sides = {}
+    legacy = legacy_python(run.args.legacy_python)
+    for name, implementation, python in (
+        ("ours", "ours", None),
+        (case.reference_name, case.reference, legacy if case.reference == "legacy" else None),
+    ):
+        if implementation == "legacy" and not python:
+            sides[name] = None
+            continue
+        try:
+            with run.worker(folder, implementation, python, env=MALLOC_ENV) as worker:
+                sides[name] = [worker.ask({"op": "peak_memory"})["bytes"]]
+        except WorkerError as error:
+            sides[name] = str(error)
+    run.add("memory", case.name, MODEL_NAMES[case.model], "training step, peak above the trained model", "bytes", sides)
+    print_row(run.rows[-1])
+
+
+def measure_variants(run: Run, case: Case, folder: Path, ours: Session, variant: str):
+    """Ours in bf16 autocast (this process) or compiled (a worker of its own: a compiler crash cannot end the run),
+    against ours in fp32 eager, alternating."""
+    model = MODEL_NAMES[case.model]
+    labels = {"eval": "evaluation", "train": "training forward + backward"}
+    for workload, label in labels.items():
+        sides, compile_seconds = {}, None
+        session = ours if variant == "bf16" else run.worker(folder, "ours")
+        eager, other = ({"op": "time", "workload": workload, "variant": v} for v in ("eager", variant))
+        try:
+            if variant == "compiled":  # the first call compiles
+                compile_seconds = session.ask(other)["seconds"]
+            sides = alternate(  # the variant first: the ratio is then its speed-up over fp32 eager
+                {variant: lambda: session.ask(other)["seconds"], "fp32 eager": lambda: session.ask(eager)["seconds"]},
+                run.args.rounds,
+                warmup=run.args.warmup,
+            )
+        except (WorkerError, RuntimeError) as error:  # (bf16 runs here: a failure is a RuntimeError)
+            sides = {variant: f"{error}".splitlines()[0][:300], "fp32 eager": None}
+        if isinstance(session, Worker):
+            session.close()
+        run.add(variant, case.name, model, label, "s", sides, tokens=case.batch * case.length,
+                first_call_seconds=compile_seconds)  # fmt: skip
+        print_row(run.rows[-1])
+
+
+def measure_generation(run: Run):
+    """bench_generation.py's measurements (greedy decoding, batch 1), with the issue configuration's vocabulary
+    split; mem_len 1600 so that the memory covers the prompts."""
+    import bench_generation
+
+    if run.args.quick:
+        txl = dict(QUICK_CASES[0].config, mem_len=64)
+        xlnet = dict(QUICK_CASES[1].config, mem_len=None)
+        prompts, new_tokens = [8], 4
+    else:
+        txl, xlnet = dict(bench_generation.CONFIG, cutoffs=ISSUE_TRANSFO_XL["cutoffs"]), bench_generation.XLNET_CONFIG
+        prompts, new_tokens = [64, 1024], 12
+    python = legacy_python(run.args.legacy_python)
+    name = QUICK_CASES[0].name if run.args.quick else "issue"
+    results, same = bench_generation.bench_transfo_xl(prompts, run.args.rounds, python, txl, new_tokens)
+    for prompt, sides in results.items():
+        sides = {side: sides.get(side) for side in ("ours (cache)", "legacy 4.37.2", "ours (recompute)")}
+        run.add("generation", name, "Transformer-XL", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
+    results, same = bench_generation.bench_xlnet(prompts, run.args.rounds, config=xlnet, new_tokens=new_tokens)
+    for prompt, sides in results.items():
+        run.add("generation", name, "XLNet", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
+
+def per_token(function):
+    """Seconds per token of a call that returns how many tokens it predicted."""
+    start = time.perf_counter()
+    tokens = function()
+    return (time.perf_counter() - start) / tokens
+
+
+def measure_stream(run: Run, case: Case, folder: Path):
+    """Evaluation of a stream, batch 1: with the memory (segments of A/2 tokens attending to A/2 remembered ones,
+    two segments per call after one that fills the memory) against a sliding window of A tokens run once per
+    predicted token (the last position's log-probabilities only), for attention lengths A."""
+    model = load_model(folder, "ours")
+    lengths = [8, 16] if run.args.quick else [128, 256, 512, 1024]
+    windows = 2  # sliding-window predictions per call
+    for attention in lengths:
+        segment = attention // 2
+        model.config.mem_len = attention - segment
+        stream = torch.randint(0, model.config.vocab_size, (1, 3 * segment), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            primed = model(stream[:, :segment]).mems
+
+        def with_memory():
+            with torch.inference_mode():
+                mems = primed
+                for chunk in stream[:, segment:].split(segment, dim=1):
+                    mems = model(chunk, mems=mems).mems
+            return 2 * segment
+
+        def sliding_window():
+            with torch.inference_mode():
+                for end in range(stream.shape[1] - windows + 1, stream.shape[1] + 1):
+                    model(stream[:, end - attention : end], logits_to_keep=1)
+            return windows
+
+        sides = alternate(
+            {"with memory": lambda: per_token(with_memory), "sliding window": lambda: per_token(sliding_window)},
+            run.args.rounds,
+            warmup=run.args.warmup,
+        )
+        run.add("stream", case.name, "Transformer-XL", f"attention length {attention}", "s/token", sides)
+        print_row(run.rows[-1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reports
+
+
+def rate(side, row):
+    """Throughput at the median and at the best call (tokens/s, or new tokens/s), or the figure itself."""
+    if row["unit"] == "s":
+        return row["tokens"] / side["median"], row["tokens"] / side["min"]
+    if row["unit"] in ("s/token",):
+        return 1 / side["median"], 1 / side["min"]
+    return side["median"], side["min"]
+
+
+def ratio(row):
+    """Of the first two sides (ours, or the variant measured): first / second for memory (lower is better), second /
+    first for times (the first side's speed-up)."""
+    ours, other = list(row["sides"].values())[:2]
+    if ours["status"] != "measured" or other["status"] != "measured":
+        return None
+    numerator, denominator = (ours, other) if row["unit"] == "bytes" else (other, ours)
+    return numerator["median"] / denominator["median"] if denominator["median"] else None
+
+
+def cell(side, row):
+    if side["status"] == "not measured":
+        return "not measured"
+    if side["status"] == "failed":
+        return f"failed: {side['error']}"
+    if row["unit"] == "bytes":
+        mib = side["median"] / 2**20
+        return f"{mib:,.0f} MiB" if mib >= 10 else f"{mib:.2f} MiB"
+    median, best = rate(side, row)
+    return f"{median:,.0f} / {best:,.0f}" if median >= 100 else f"{median:,.1f} / {best:,.1f}"
+
+
+def print_row(row):
+    cells = " | ".join(f"{name}: {cell(side, row)}" for name, side in row["sides"].items())
+    r = row["ratio"]
+    ratio_text = "" if r is None else f" | {r:.2f}x"
+    print(f"[{row['section']}] {row['config']} {row['model']} {row['workload']}: {cells}{ratio_text}")
+
+
+SECTIONS = {
+    "throughput": ("Throughput (fp32): tokens/s, median / best call; speed-up = reference time / ours (medians)",
+                   ["configuration", "model", "workload", "ours", "reference", "speed-up", "ours, % of matmul peak"]),
+    "memory": ("Peak memory of a training step (above the trained model); ratio = ours / reference",
+               ["configuration", "model", "workload", "ours", "reference", "ours / reference"]),
+    "bf16": ("bf16 autocast against our own fp32: tokens/s, median / best; speed-up over fp32",
+             ["configuration", "model", "workload", "ours bf16", "ours fp32", "speed-up"]),
+    "compiled": ("torch.compile(model) against eager, ours, fp32: tokens/s, median / best; speed-up over eager",
+                 ["configuration", "model", "workload", "compiled", "eager", "speed-up"]),
+    "generation": ("Generation, greedy, batch 1: new tokens/s, median / best; speed-up = reference time / ours",
+                   ["configuration", "model", "prompt", "ours", "reference", "speed-up", "ours without the cache"]),
+    "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
+               ["configuration", "model", "attention", "with memory", "sliding window", "speed-up"]),
+}  # fmt: skip
+
+
+def markdown(run: Run) -> str:
+    lines = [
+        f"torch {torch.__version__}, {run.args.threads} threads; matmul peak "
+        + ", ".join(f"{name} {flops / 1e9:,.0f} GFLOP/s" for name, flops in run.peak_flops.items()),
+    ]
+    for section, (title, header) in SECTIONS.items():
+        rows = [row for row in run.rows if row["section"] == section]
+        if not rows:
+            continue
+        lines += ["", f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in rows:
+            sides = list(row["sides"].items())
+            other_name, other = sides[1] if len(sides) > 1 else ("", {"status": "not measured"})
+            other_cell = cell(other, row)
+            if section in ("throughput", "memory", "generation"):
+                other_cell += f" ({other_name})"
+            r = row["ratio"]
+            cells = [row["config"], row["model"], row["workload"], cell(sides[0][1], row), other_cell,
+                     f"{r:.2f}x" if r is not None else "-"]  # fmt: skip
+            if section == "throughput":
+                cells.append(percent_of_peak(run, row))
+            if section == "generation":  # Transformer-XL: ours recomputing the sequence at every step
+                cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def percent_of_peak(run: Run, row):
+    ours = row["sides"]["ours"]
+    if "ideal_flops" not in row or ours["status"] != "measured" or "float32" not in run.peak_flops:
+        return "-"
+    return f"{100 * row['ideal_flops'] / ours['median'] / run.peak_flops['float32']:.0f}%"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--legacy-python", help=f"python of a transformers==4.37.2 venv (default: ${LEGACY_PYTHON_ENV})")
+    parser.add_argument("--output", default="benchmark-results", help="folder for results.json and results.md")
+    parser.add_argument("--configs", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, help="default: all (--quick: all but compile)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the command")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        folder, implementation, threads = args.worker
+        return worker_main(folder, implementation, int(threads))
+    if args.quick:
+        args.rounds, args.warmup = min(args.rounds, 2), min(args.warmup, 1)
+    workloads = args.workloads or [w for w in WORKLOADS if not (args.quick and w == "compile")]
+    torch.set_num_threads(args.threads)
+    run = Run(args, Path(tempfile.mkdtemp(prefix="bench_run_")))
+    if "peak" in workloads:
+        measure_peak(run)
+    cases = QUICK_CASES if args.quick else [case for name in args.configs for case in CASES[name]]
+    for index, case in enumerate(cases):
+        folder = run.workdir / f"{index}-{case.model}"
+        write_case_folder(case, folder)
+        needs_sessions = {"throughput", "bf16"} & set(workloads)
+        ours = Session(folder, "ours") if needs_sessions else None
+        if "throughput" in workloads:
+            reference = reference_session(run, case, folder)
+            measure_throughput(run, case, folder, ours, reference)
+            if isinstance(reference, Worker):
+                reference.close()
+        if "memory" in workloads:
+            measure_memory(run, case, folder)
+        first_of_model = case is next(c for c in cases if c.model == case.model)
+        if "bf16" in workloads and first_of_model:
+            measure_variants(run, case, folder, ours, "bf16")
+        if "compile" in workloads and first_of_model:
+            measure_variants(run, case, folder, ours, "compiled")
+        if "stream" in workloads and case.model == "transfo-xl" and first_of_model:
+            measure_stream(run, case, folder)
+    if "generation" in workloads:
+        measure_generation(run)
+
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    results = {
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "quick": args.quick,
+        "legacy_python": legacy_python(args.legacy_python),
+        "matmul_peak_flops": run.peak_flops,
+        "rows": run.rows,
+    }
+    (output / "results.json").write_text(json.dumps(results, indent=1))
+    (output / "results.md").write_text(markdown(run))
+    print(f"\nwrote {output / 'results.json'} and {output / 'results.md'}\n")
+    print(markdown(run))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

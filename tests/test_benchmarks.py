@@ -1,0 +1,93 @@
+"""`benchmarks/run.py --quick`: the whole benchmark command at tiny sizes writes every row of its JSON and markdown.
+Times are never asserted (the machine is shared); only that each measurement was made and reported."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LEGACY_ENV = "TRANSFORMERS_XL_LEGACY_PYTHON"
+
+EXPECTED = {  # (section, model, workload) -> side names
+    **{
+        ("throughput", model, workload): sides
+        for model, sides in (("Transformer-XL", ["ours", "transformers 4.37.2"]), ("XLNet", ["ours", "transformers 5"]))
+        for workload in ("evaluation", "training forward + backward", "training step (AdamW)")
+    },
+    ("memory", "Transformer-XL", "training step, peak above the trained model"): ["ours", "transformers 4.37.2"],
+    ("memory", "XLNet", "training step, peak above the trained model"): ["ours", "transformers 5"],
+    **{
+        ("bf16", model, workload): ["bf16", "fp32 eager"]
+        for model in ("Transformer-XL", "XLNet")
+        for workload in ("evaluation", "training forward + backward")
+    },
+    ("generation", "Transformer-XL", "prompt 8"): ["ours (cache)", "legacy 4.37.2", "ours (recompute)"],
+    ("generation", "XLNet", "prompt 8"): ["ours", "transformers"],
+    ("stream", "Transformer-XL", "attention length 8"): ["with memory", "sliding window"],
+    ("stream", "Transformer-XL", "attention length 16"): ["with memory", "sliding window"],
+}
+LEGACY_SIDES = {"transformers 4.37.2", "legacy 4.37.2"}
+
+
+def run_quick(tmp_path, legacy_python):
+    env = {key: value for key, value in os.environ.items() if key != LEGACY_ENV}
+    if legacy_python:
+        env[LEGACY_ENV] = legacy_python
+    output = tmp_path / "results"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--output", str(output)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+    )
+    return json.loads((output / "results.json").read_text()), (output / "results.md").read_text()
+
+
+def check(results, table, legacy_measured):
+    rows = {(row["section"], row["model"], row["workload"]): row for row in results["rows"]}
+    assert set(rows) == set(EXPECTED)
+    assert set(results["matmul_peak_flops"]) == {"float32", "bfloat16"}
+    assert all(flops > 0 for flops in results["matmul_peak_flops"].values())
+    for key, row in rows.items():
+        assert list(row["sides"]) == EXPECTED[key], key
+        for name, side in row["sides"].items():
+            expected = "not measured" if name in LEGACY_SIDES and not legacy_measured else "measured"
+            assert side["status"] == expected, (key, name, side)
+            if expected == "measured":
+                assert side["min"] <= side["median"] and len(side["values"]) >= 1
+        both = all(side["status"] == "measured" for side in list(row["sides"].values())[:2])
+        zero = row["unit"] == "bytes" and list(row["sides"].values())[1].get("median") == 0  # (tiny sizes)
+        assert (row["ratio"] is not None) == (both and not zero), key
+        assert f"| {row['config']} | {row['model']} | {row['workload']} |" in table, key
+    # Same weights and inputs on both sides: the references' logits are ours.
+    for model in ("Transformer-XL", "XLNet"):
+        diff = rows[("throughput", model, "evaluation")]["max_abs_logit_diff"]
+        if model == "XLNet" or legacy_measured:
+            assert diff < 1e-4
+        else:
+            assert diff is None
+        assert rows[("throughput", model, "evaluation")]["ideal_flops"] > 0
+    assert rows[("generation", "XLNet", "prompt 8")]["identical_tokens"] is True
+    assert rows[("generation", "Transformer-XL", "prompt 8")]["identical_tokens"] is (True if legacy_measured else None)
+    for title in ("Throughput (fp32)", "Peak memory", "bf16 autocast", "Generation", "evaluation of a stream"):
+        assert title in table
+    assert "torch.compile" not in table  # --quick leaves compilation out (minutes on CPU)
+
+
+def test_quick_run_without_the_legacy_venv(tmp_path):
+    results, table = run_quick(tmp_path, None)
+    assert results["legacy_python"] is None
+    check(results, table, legacy_measured=False)
+    assert "not measured (transformers 4.37.2)" in table
+
+
+@pytest.mark.skipif(not os.environ.get(LEGACY_ENV), reason=f"${LEGACY_ENV} (the transformers 4.37.2 venv) is not set")
+def test_quick_run_with_the_legacy_venv(tmp_path):
+    results, table = run_quick(tmp_path, os.environ[LEGACY_ENV])
+    check(results, table, legacy_measured=True)
+    assert "not measured" not in table
