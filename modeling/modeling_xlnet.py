@@ -1193,6 +1193,11 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
     def __init__(self, config: XLNetConfig):
         super().__init__(config)
+        if config.num_labels != 2:
+            raise ValueError(
+                f"XLNetForQuestionAnsweringSimple: config.num_labels={config.num_labels}; expected 2 (one start and "
+                "one end logit per token)."
+            )
         self.num_labels = config.num_labels
         self.transformer = XLNetModel(config)
         self.qa_outputs = nn.Linear(config.d_model, config.num_labels)

@@ -282,6 +282,14 @@ def test_simple_qa_ignores_positions_past_the_end_and_refuses_negative_ones():
             end_positions=torch.tensor([-1, 3]))  # fmt: skip
 
 
+def test_simple_qa_needs_two_labels():
+    """One start and one end logit per token: any other `num_labels` would fail deep in the forward (transformers'
+    too), so the model refuses to be built."""
+    with pytest.raises(ValueError, match=r"config.num_labels=3; expected 2"):
+        xlnet.XLNetForQuestionAnsweringSimple(XLNetConfig(vocab_size=50, d_model=16, n_layer=1, n_head=2, d_inner=32,
+                                                          num_labels=3))  # fmt: skip
+
+
 @pytest.mark.parametrize("field,value", [("start_positions", LENGTH), ("end_positions", -1), ("cls_index", 9)])
 def test_qa_refuses_positions_outside_the_sequence(field, value):
     model = build("XLNetForQuestionAnswering")
