@@ -6,6 +6,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 from transformers_xl.modeling.memory_cache import MemoryCache
+from weights import perturbed
 
 PAD = 0
 
@@ -19,10 +20,7 @@ def scrambled_lm(mem_len=64, seed=0, **overrides):
     values.update(overrides)
     torch.manual_seed(seed)
     model = TransfoXLLMHeadModel(TransfoXLConfig(**values)).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.3)
-    return model
+    return perturbed(model)
 
 
 def prompt(batch=2, length=6, seed=1):

@@ -7,6 +7,7 @@ import transformers
 import transformers_xl.modeling.modeling_xlnet as ours
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 from transformers_xl.modeling.memory_cache import MemoryCache
+from weights import peaked, perturbed
 
 VOCAB = 40
 TINY = dict(vocab_size=VOCAB, d_model=32, n_head=4, d_inner=37, n_layer=2, dropout=0.0, pad_token_id=5)
@@ -17,9 +18,7 @@ def scrambled_pair(**overrides):
     kwargs = {**TINY, **overrides}
     torch.manual_seed(0)
     reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**kwargs)).eval()
-    with torch.no_grad():
-        for param in reference.parameters():
-            param.add_(torch.randn_like(param) * 0.3)
+    perturbed(reference)
     model = ours.XLNetLMHeadModel(XLNetConfig(**kwargs)).eval()
     model.load_state_dict(reference.state_dict())
     return reference, model
@@ -110,10 +109,7 @@ def large_weight_pair(**overrides):
     kwargs = {**TINY, "d_model": 16, "n_head": 2, "d_inner": 32, **overrides}
     torch.manual_seed(0)
     reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**kwargs)).eval()
-    with torch.no_grad():
-        for name, param in reference.named_parameters():
-            is_norm_weight = "layer_norm" in name and name.endswith("weight")
-            param.copy_(1 + 0.1 * torch.randn_like(param) if is_norm_weight else 0.2 * torch.randn_like(param))
+    peaked(reference)
     model = ours.XLNetLMHeadModel(XLNetConfig(**kwargs)).eval()
     model.load_state_dict(reference.state_dict())
     return reference, model

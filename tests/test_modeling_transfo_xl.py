@@ -14,6 +14,7 @@ from transformers_xl import (
     TransfoXLLMHeadModel,
     TransfoXLModel,
 )
+from weights import perturbed
 
 FIXTURES = Path(__file__).parent / "fixtures" / "transfo_xl"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
@@ -49,10 +50,7 @@ def tiny_lm(seed=0, **overrides):
 
 def scrambled(model, std=0.3):
     """Large random weights, so that position terms visibly change the outputs (fresh init makes them tiny)."""
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * std)
-    return model
+    return perturbed(model, std)
 
 
 def random_ids(batch, length, vocab=90, seed=1):

@@ -5,16 +5,14 @@ import torch
 from transformers import TextGenerationPipeline, TextStreamer, XLNetTokenizer, pipeline
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, TransfoXLTokenizer, XLNetConfig, XLNetLMHeadModel
+from weights import perturbed
 
 WORDS = "the cat sat on mat a dog ran in park and it was very happy sun rose over hills".split()
 PROMPT = "the cat sat on the mat"
 
 
 def scramble(model):
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.3)
-    return model.eval()
+    return perturbed(model).eval()
 
 
 @pytest.fixture(scope="module")

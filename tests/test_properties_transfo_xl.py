@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from transformers_xl import TransfoXLConfig, TransfoXLForSequenceClassification, TransfoXLLMHeadModel
+from weights import perturbed
 
 PAD = 0
 ATOL = 1e-5
@@ -59,10 +60,7 @@ def build(model_class, values, seed):
     position-sensitive distributions, so that a wrong memory or mask shows."""
     torch.manual_seed(seed)
     model = model_class(TransfoXLConfig(**values)).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.3)
-    return model
+    return perturbed(model)
 
 
 def token_ids(draw, values, batch, length):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import transformers_xl.modeling.modeling_xlnet as ours
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+from weights import peaked
 
 PAD = 5
 ATOL = 1e-4  # large weights (std 0.2) make logits of size ~10-100; both sides compute in fp32
@@ -51,10 +52,7 @@ def build_pair(name, values, seed):
     1 + N(0, 0.1) (peaked distributions: a wrong memory or mask changes the tokens, not only the logits)."""
     torch.manual_seed(seed)
     reference = getattr(transformers, name)(transformers.XLNetConfig(**values)).eval()
-    with torch.no_grad():
-        for param_name, param in reference.named_parameters():
-            is_norm_weight = "layer_norm" in param_name.lower() and param_name.endswith("weight")
-            param.copy_(1 + 0.1 * torch.randn_like(param) if is_norm_weight else 0.2 * torch.randn_like(param))
+    peaked(reference)
     model = getattr(ours, name)(XLNetConfig(**values)).eval()
     model.load_state_dict(reference.state_dict())
     return reference, model
