@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .decoding_linear import linear
+from .cross_entropy import softmax_cross_entropy
+from .decoding_linear import MAX_ROWS, linear
 
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
@@ -127,60 +128,77 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return list(zip(weights, biases, self.out_projs))
 
     @staticmethod
-    def _logits(hidden, weight, bias, proj):
-        return linear(hidden if proj is None else hidden @ proj, weight, bias).float()
-
-    def _head(self, hidden, clusters):
-        """The head softmax's pieces, fp32: logits of the head words [N, cutoffs[0]], log p(tail cluster i | h)
-        [N, n_tails], and the head's log-normaliser [N]. The word and tail-cluster logits stay apart (the
-        normaliser combines their logsumexps), so no [N, head size] concatenation is made."""
-        weight, bias, proj = clusters[0]
+    def _logits(hidden, weight, bias, proj, out=None):
+        """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32; with `out` (a column
+        slice of the output) written there, by the GEMM itself where it can (fp32 in eager mode, more rows than a
+        decoding step's)."""
         hidden = hidden if proj is None else hidden @ proj
-        words = self._logits(hidden, weight, bias, None)
-        normaliser = words.logsumexp(-1)
-        if len(self.bounds) == 1:
-            return words, None, normaliser
-        tails = linear(hidden, self.cluster_weight, self.cluster_bias).float()
-        normaliser = torch.logaddexp(normaliser, tails.logsumexp(-1))
-        return words, tails - normaliser[:, None], normaliser
+        if (
+            out is not None
+            and hidden.shape[0] > MAX_ROWS
+            and hidden.dtype == weight.dtype == out.dtype
+            and not torch.is_autocast_enabled(hidden.device.type)
+            and not torch.compiler.is_compiling()
+        ):
+            return torch.addmm(bias, hidden, weight.t(), out=out)
+        logits = linear(hidden, weight, bias).float()
+        return logits if out is None else out.copy_(logits)
+
+    def _head_cluster(self):
+        """The head softmax's (weight, bias, projection): the head words' rows, then one per tail cluster (the
+        cluster weights joined to the head's: a [head size, d] copy, not an [N, head size] one)."""
+        weight, bias, proj = self._clusters()[0]
+        if len(self.bounds) > 1:
+            weight, bias = torch.cat([weight, self.cluster_weight]), torch.cat([bias, self.cluster_bias])
+        return weight, bias, proj
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32).
 
-        Each cluster's logits are turned into log-probabilities (logits - log-normaliser, plus the cluster's own
-        log-probability for a tail), in place unless autograd needs the logits (logsumexp's backward reads them), and
-        the clusters concatenated once."""
-
-        def minus(logits, offset):
-            return logits.sub(offset[:, None]) if logits.requires_grad else logits.sub_(offset[:, None])
-
-        clusters = self._clusters()
-        words, tails, normaliser = self._head(hidden, clusters)
-        pieces = [minus(words, normaliser)]
+        log p(w) = logit - log-normaliser for a head word, plus log p(cluster | h) for a tail word. Without gradients
+        each cluster's logits are written straight into their columns of the output and normalised there, so no
+        cluster-sized temporary or concatenation is made (autograd cannot follow writes into `out=`): with gradients,
+        log_softmax per cluster and one concatenation."""
+        clusters, head_end = self._clusters(), self.bounds[0][1]
+        if torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad):
+            head = torch.log_softmax(self._logits(hidden, *self._head_cluster()), -1)
+            pieces = [head[:, :head_end]]
+            for cluster in range(1, len(self.bounds)):
+                tail = torch.log_softmax(self._logits(hidden, *clusters[cluster]), -1)
+                pieces.append(tail + head[:, head_end + cluster - 1, None])
+            return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+        output = torch.empty(hidden.shape[0], self.vocab_size, dtype=torch.float32, device=hidden.device)
+        weight, bias, proj = clusters[0]
+        head_hidden = hidden if proj is None else hidden @ proj
+        words = self._logits(head_hidden, weight, bias, None, out=output[:, :head_end])
+        normaliser = words.logsumexp(-1)
+        if len(self.bounds) > 1:
+            cluster_log_p = self._logits(head_hidden, self.cluster_weight, self.cluster_bias, None)
+            normaliser = torch.logaddexp(normaliser, cluster_log_p.logsumexp(-1))
+            cluster_log_p = cluster_log_p.sub_(normaliser[:, None])
+        words.sub_(normaliser[:, None])
         for cluster in range(1, len(self.bounds)):
-            logits = self._logits(hidden, *clusters[cluster])
-            pieces.append(minus(logits, logits.logsumexp(-1) - tails[:, cluster - 1]))
-        return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+            start, end = self.bounds[cluster]
+            logits = self._logits(hidden, *clusters[cluster], out=output[:, start:end])
+            logits.sub_((logits.logsumexp(-1) - cluster_log_p[:, cluster - 1])[:, None])
+        return output
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32).
 
-        -log p(w) = normaliser - logit(w): only the normalisers (logsumexp) and the targets' logits are needed, never
-        the log-probabilities of the whole vocabulary. Each tail cluster's logits are computed only for the rows
-        whose target falls in it."""
-        clusters = self._clusters()
-        words, tails, normaliser = self._head(hidden, clusters)
-        head_end = self.bounds[0][1]
-        in_head = target < head_end
-        nll = (normaliser - words.gather(1, target.clamp(max=head_end - 1)[:, None]).squeeze(1)) * in_head
+        -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target is
+        the word itself or its cluster's column) plus, for a tail word, one over its cluster, whose logits are computed
+        only for the rows whose target falls in it. Never the log-probabilities of the whole vocabulary."""
+        clusters, head_end = self._clusters(), self.bounds[0][1]
+        cluster_of = torch.bucketize(target, torch.tensor([end for _, end in self.bounds[:-1]], device=target.device),
+                                     right=True)  # fmt: skip
+        head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
+        nll = softmax_cross_entropy(self._logits(hidden, *self._head_cluster()), head_target)
         for cluster in range(1, len(self.bounds)):
-            start, end = self.bounds[cluster]
-            rows = ((target >= start) & (target < end)).nonzero().squeeze(-1)
-            logits = self._logits(hidden[rows], *clusters[cluster])
-            # log_softmax rather than logit - logsumexp: torch.compile cannot trace logsumexp over a data-dependent
-            # number of rows (its decomposition branches on numel() == 0)
-            log_p = torch.log_softmax(logits, -1).gather(1, (target[rows] - start)[:, None]).squeeze(1)
-            nll = nll.index_put((rows,), -(tails[rows, cluster - 1] + log_p))
+            start = self.bounds[cluster][0]
+            rows = (cluster_of == cluster).nonzero().squeeze(-1)
+            tail_nll = softmax_cross_entropy(self._logits(hidden[rows], *clusters[cluster]), target[rows] - start)
+            nll = nll.index_add(0, rows, tail_nll)
         return nll
 
 

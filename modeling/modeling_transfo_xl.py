@@ -27,8 +27,8 @@ from .input_checks import check_inputs, check_sequence_labels, check_token_label
 from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
     causal_memory_mask,
+    RelativePositions,
     relative_attention,
-    relative_position_scores,
     relative_shift,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
@@ -142,14 +142,16 @@ class TransfoXLAttention(nn.Module):
         keys = self.r_net(position_embedding) * self.d_head**-0.5
         return self._heads(keys[None])[0].contiguous()
 
-    def _position_scores(self, query, key_length, position_keys, r_r_bias):
-        """Terms (b)+(d) for every (query, key) pair scaled by 1/sqrt(D), [B, H, q, k] (None for absolute types).
+    def _position_terms(self, query, key_length, position_keys, r_r_bias):
+        """Terms (b)+(d) of the scores, scaled by 1/sqrt(D): (RelativePositions, None) for attn_type 0, computed by
+        `relative_attention` per block of queries; (None, [B, H, q, k] scores) for attn_type 1; (None, None) for the
+        absolute types.
 
         Row i of the unshifted scores lists distances k-1 ... 0 and one more, -1, which only future (masked) keys
         read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
         offset = query.shape[2] - 1
         if self.attn_type == 0:
-            return relative_position_scores(query, position_keys, r_r_bias, key_length, offset)
+            return RelativePositions(position_keys, r_r_bias, offset), None
         if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
             if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
@@ -158,8 +160,8 @@ class TransfoXLAttention(nn.Module):
                 r_bias = torch.cat([r_bias[:1].expand(pad, -1), r_bias])
             r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
             scores = torch.matmul(query, r_emb.permute(1, 2, 0)) + r_bias.t()[:, None, :]
-            return relative_shift(F.pad(scores * self.d_head**-0.5, (0, 1)), key_length, offset)
-        return None
+            return None, relative_shift(F.pad(scores * self.d_head**-0.5, (0, 1)), key_length, offset)
+        return None, None
 
     def forward(
         self,
@@ -189,14 +191,16 @@ class TransfoXLAttention(nn.Module):
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
-        position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
+        positions, position_scores = self._position_terms(query, key.shape[2], position_keys, r_r_bias)
         attention, probs = relative_attention(
             query,
             key,
             value,
             content_bias=r_w_bias,
+            positions=positions,
             score_bias=position_scores,
             mask=mask,
+            causal=True,
             dropout=self.dropatt if self.training else 0.0,
             output_attentions=output_attentions,
         )

@@ -48,11 +48,12 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
+from .cross_entropy import reduced_cross_entropy
 from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
     causal_memory_mask,
+    RelativePositions,
     relative_attention,
-    relative_position_scores,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -199,32 +200,27 @@ class XLNetRelativeAttention(nn.Module):
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None):
-        batch, _, query_length, head_dim = query.shape
-        key_length = key.shape[2]
+        query_length, head_dim = query.shape[2:]
         # The position and segment terms are computed pre-scaled by 1/sqrt(d) (scaled position keys and segment
         # embeddings), so that without a mask the shifted view goes to the fused kernel without a copy.
         scale = head_dim**-0.5
         # (b) + (d). Query row i sits at distance (k - q + i) - j from key j; the encodings list the distances
         # k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query
         # just after the keys (distance k - j) reads the same encodings with offset 0.
-        grouped = query.unflatten(0, (2, batch // 2)) if self.bi_data else query
-        scores = relative_position_scores(
-            grouped, position_keys, self.r_r_bias, key_length, offset=query_length if offset is None else offset
-        )
-        if self.bi_data:
-            scores = scores.flatten(0, 1)
+        positions = RelativePositions(position_keys, self.r_r_bias, query_length if offset is None else offset)
+        segment_scores = None
         if segment_mismatch is not None:
             # (q_i + b)^T s_ij with s_ij = s_+ (seg_embed[0]) inside a segment, s_- (seg_embed[1]) across segments.
             segment_embeddings = (self.seg_embed.permute(1, 2, 0) * scale).to(query.dtype)
             segment_scores = torch.matmul(query + self.r_s_bias[:, None, :].to(query.dtype), segment_embeddings)
             segment_scores = torch.where(segment_mismatch[:, None], segment_scores[..., 1:], segment_scores[..., :1])
-            scores = segment_scores.add_(scores)
         return relative_attention(
             query,
             key,
             value,
             content_bias=self.r_w_bias,
-            score_bias=scores,
+            positions=positions,
+            score_bias=segment_scores,
             mask=mask,
             dropout=self.attention_dropout if self.training else 0.0,
             output_attentions=output_attentions,
@@ -519,10 +515,6 @@ def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
-
-
-def _cross_entropy(logits, labels, reduction):
-    return F.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction)
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
@@ -888,7 +880,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = _loss_sum_or_mean(
-                _cross_entropy, logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), num_items_in_batch
+                reduced_cross_entropy, logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), num_items_in_batch
             )
         return XLNetLMHeadModelOutput(
             loss=loss,
@@ -1044,7 +1036,7 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
             return _loss_sum_or_mean(F.mse_loss, logits, labels.to(logits.dtype), num_items_in_batch)
         if self.config.problem_type == "single_label_classification":
             return _loss_sum_or_mean(
-                _cross_entropy, logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch
+                reduced_cross_entropy, logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch
             )
         return _loss_sum_or_mean(
             F.binary_cross_entropy_with_logits, logits, labels.to(logits.dtype), num_items_in_batch
@@ -1104,7 +1096,7 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
         loss = None
         if labels is not None:
             loss = _loss_sum_or_mean(
-                _cross_entropy, logits.reshape(-1, self.num_labels), labels.reshape(-1), num_items_in_batch
+                reduced_cross_entropy, logits.reshape(-1, self.num_labels), labels.reshape(-1), num_items_in_batch
             )
         return XLNetForTokenClassificationOutput(
             loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
@@ -1179,7 +1171,7 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state)).view(-1, num_choices)
         loss = None
         if labels is not None:
-            loss = _loss_sum_or_mean(_cross_entropy, logits, labels.view(-1), num_items_in_batch)
+            loss = _loss_sum_or_mean(reduced_cross_entropy, logits, labels.view(-1), num_items_in_batch)
         return XLNetForMultipleChoiceOutput(
             loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,

@@ -13,6 +13,8 @@ attention kernel. Terms (b)+(d) are computed against one row per relative distan
 All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -92,25 +94,42 @@ def relative_position_scores(
     key_length: int,
     offset: int,
 ) -> torch.Tensor:
-    """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [..., q, key_length].
+    """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [B, H, q, key_length].
 
-    - query [..., H, q, d]; position_bias (v) [H, d] or None;
-    - position_keys [..., H, R, d]: `W_kR R` for the R relative distances in decreasing order, projected once for the
-      whole batch (leading dims broadcast against the query's, e.g. [H, R, d] for every row, or one set per group),
-      and pre-scaled by 1/sqrt(d) if the scores are to be (`relative_attention` takes scaled score biases);
+    - query [B, H, q, d]; position_bias (v) [H, d] or None;
+    - position_keys: `W_kR R` for the R relative distances in decreasing order, projected once for the whole batch
+      and pre-scaled by 1/sqrt(d) if the scores are to be (`relative_attention` takes scaled score biases): [H, R, d]
+      for every batch row, or [G, 1, H, R, d] for G equal groups of rows (XLNet's `bi_data`: forward and backward);
     - key_length, offset: as in `relative_shift`.
     """
     if position_bias is not None:
         query = query + position_bias[:, None, :].to(query.dtype)
-    if query.dim() == 4 and position_keys.dim() == 3:
-        # Keys shared by every batch row: one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones (which
-        # would also copy the keys B times). Shifted in [H, B, q, R] layout, returned as a [B, H, q, k] view.
-        batch, heads, length, dim = query.shape
-        folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
-        scores = torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
-        return relative_shift(scores, key_length, offset).transpose(0, 1)
-    scores = torch.matmul(query, position_keys.transpose(-1, -2))
-    return relative_shift(scores, key_length, offset)
+    if position_keys.dim() == 5:
+        grouped = query.unflatten(0, (position_keys.shape[0], -1))
+        scores = torch.matmul(grouped, position_keys.transpose(-1, -2))
+        return relative_shift(scores, key_length, offset).flatten(0, 1)
+    # Keys shared by every batch row: one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones (which would
+    # also copy the keys B times). Shifted in [H, B, q, R] layout, returned as a [B, H, q, k] view.
+    batch, heads, length, dim = query.shape
+    folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
+    scores = torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
+    return relative_shift(scores, key_length, offset).transpose(0, 1)
+
+
+class RelativePositions(NamedTuple):
+    """Terms (b)+(d) of the scores, for `relative_attention` to compute block by block: the position keys and bias v
+    and the shift offset of `relative_position_scores` for the whole query range."""
+
+    keys: torch.Tensor
+    bias: torch.Tensor | None
+    offset: int
+
+
+# Scores [B, H, rows, keys] are made for this many elements at a time (16 MiB in fp32): queries go through the
+# attention in blocks of rows, so that no score-sized temporary is allocated whole. Fresh tensors of tens of MiB are
+# mapped from the OS on every call and paid for in page faults on first touch, which cost as much as the passes
+# over them on these CPUs; blocks come from the allocator's free lists.
+SCORE_BLOCK_ELEMENTS = 1 << 22
 
 
 def relative_attention(
@@ -118,18 +137,62 @@ def relative_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     content_bias: torch.Tensor | None = None,
+    positions: RelativePositions | None = None,
     score_bias: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    causal: bool = False,
     dropout: float = 0.0,
     output_attentions: bool = False,
 ):
-    """softmax((q + u) k^T / sqrt(d) + score_bias) v, with masked pairs removed.
+    """softmax((q + u) k^T / sqrt(d) + position terms + score_bias) v, with masked pairs removed: [B, H, q, d] and the
+    probabilities [B, H, q, k] when `output_attentions`.
 
     - query [B, H, q, d], key / value [B, H, k, d]; content_bias (u) [H, d] or None;
-    - score_bias: the position terms (b)+(d), already shifted and scaled by 1/sqrt(d) (scale the position keys
-      once instead of the scores every time), plus any other term (XLNet's segment term), broadcastable to
-      [B, H, q, k], or None;
-    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None.
+    - positions: terms (b)+(d) (see RelativePositions), computed per block of queries, or None;
+    - score_bias: any other score term, already scaled by 1/sqrt(d) (Transformer-XL's attn_type 1, XLNet's segment
+      term), broadcastable to [B, H, q, k], or None;
+    - mask: boolean, True where a query may NOT attend, broadcastable to [B, H, q, k], or None;
+    - causal: every key after the last query's own position is masked (key j > k - q + i for query i), so a block of
+      queries attends only to the keys up to its last row's position.
+
+    Queries are processed in blocks of rows (`SCORE_BLOCK_ELEMENTS`). Query rows i0 <= i < i1 read the relative
+    distances listed from column q - i1 on (those of the farthest key from the block's first row down), so a block is
+    the same problem for fewer queries: position keys from that column, shift offset `offset - (q - i1) - i0`.
+    """
+    batch, heads, length, _ = query.shape
+    key_length = key.shape[2]
+    block = length if output_attentions else max(1, SCORE_BLOCK_ELEMENTS // (batch * heads * key_length))
+    outputs, probs = [], None
+    for start in range(0, length, block):
+        end = min(length, start + block)
+        keys = key_length - length + end if causal else key_length
+        bias = None
+        if positions is not None:
+            first = length - end
+            bias = relative_position_scores(
+                query[:, :, start:end], positions.keys[..., first:, :], positions.bias, keys,
+                positions.offset - first - start,
+            )  # fmt: skip
+        if score_bias is not None:
+            rows = _rows(score_bias, start, end, keys)
+            bias = rows if bias is None else bias + rows
+        output, probs = _attention_block(
+            query[:, :, start:end], key[:, :, :keys], value[:, :, :keys], content_bias, bias,
+            None if mask is None else _rows(mask, start, end, keys), dropout, output_attentions,
+        )  # fmt: skip
+        outputs.append(output)
+    return (torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]), probs
+
+
+def _rows(scores: torch.Tensor, start: int, end: int, keys: int) -> torch.Tensor:
+    """Query rows start:end and the first `keys` columns of a [..., q or 1, k or 1] score term or mask."""
+    if scores.shape[-2] > 1:
+        scores = scores[..., start:end, :]
+    return scores[..., :keys] if scores.shape[-1] > 1 else scores
+
+
+def _attention_block(query, key, value, content_bias, bias, mask, dropout, output_attentions):
+    """One block of queries (see relative_attention); `bias` holds every score term but (a)+(c).
 
     Without gradients the scores go through torch's fused `scaled_dot_product_attention` with the bias as its float
     mask (without a mask the shifted view itself, never copied). With gradients, or `output_attentions=True`, the
@@ -141,15 +204,15 @@ def relative_attention(
     scale = query.shape[-1] ** -0.5
     if content_bias is not None:
         query = query + content_bias[:, None, :].to(query.dtype)
-    bias = None if score_bias is None else score_bias.to(query.dtype)
+    bias = None if bias is None else bias.to(query.dtype)
     lowest = torch.finfo(query.dtype).min
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, bias)
     )
     if not (output_attentions or needs_grad):
         if mask is not None:
-            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device) if bias is None else bias
-            bias = bias.masked_fill(mask, lowest)
+            bias = torch.zeros((), dtype=query.dtype, device=query.device) if bias is None else bias
+            bias = torch.where(mask, lowest, bias)  # one pass: the mask applied while the bias is copied
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scale)
         return output, None
     # One [B, H, q, k] score tensor, updated in place: the bias and the mask cost a pass each, and what autograd
