@@ -155,10 +155,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32).
 
-        log p(w) = logit - log-normaliser for a head word, plus log p(cluster | h) for a tail word. Without gradients
-        each cluster's logits are written straight into their columns of the output and normalised there, so no
-        cluster-sized temporary or concatenation is made (autograd cannot follow writes into `out=`): with gradients,
-        log_softmax per cluster and one concatenation."""
+        log p(w) = log_softmax(head logits) for a head word; log p(cluster | h) + log_softmax(cluster logits) for a
+        tail word. Without gradients each cluster's logits are written straight into their columns of the output and
+        normalised there in place, so no cluster-sized temporary or concatenation is made (autograd cannot follow
+        writes into `out=`); with gradients, log_softmax per cluster and one concatenation."""
         clusters, head_end = self._clusters(), self.bounds[0][1]
         if torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad):
             head = torch.log_softmax(self._logits(hidden, *self._head_cluster()), -1)
@@ -168,19 +168,14 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 pieces.append(tail + head[:, head_end + cluster - 1, None])
             return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
         output = torch.empty(hidden.shape[0], self.vocab_size, dtype=torch.float32, device=hidden.device)
-        weight, bias, proj = clusters[0]
-        head_hidden = hidden if proj is None else hidden @ proj
-        words = self._logits(head_hidden, weight, bias, None, out=output[:, :head_end])
-        normaliser = words.logsumexp(-1)
-        if len(self.bounds) > 1:
-            cluster_log_p = self._logits(head_hidden, self.cluster_weight, self.cluster_bias, None)
-            normaliser = torch.logaddexp(normaliser, cluster_log_p.logsumexp(-1))
-            cluster_log_p = cluster_log_p.sub_(normaliser[:, None])
-        words.sub_(normaliser[:, None])
+        # The head softmax (head words, then one logit per tail cluster) is normalised in the output's first columns;
+        # the tail clusters' log-probabilities are kept aside before the first tail cluster overwrites them.
+        head = _log_softmax_(self._logits(hidden, *self._head_cluster(), out=output[:, : self.head_size]))
+        cluster_log_p = head[:, head_end:].clone()
         for cluster in range(1, len(self.bounds)):
             start, end = self.bounds[cluster]
-            logits = self._logits(hidden, *clusters[cluster], out=output[:, start:end])
-            logits.sub_((logits.logsumexp(-1) - cluster_log_p[:, cluster - 1])[:, None])
+            logits = _log_softmax_(self._logits(hidden, *clusters[cluster], out=output[:, start:end]))
+            logits.add_(cluster_log_p[:, cluster - 1, None])
         return output
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -200,6 +195,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             tail_nll = softmax_cross_entropy(self._logits(hidden[rows], *clusters[cluster]), target[rows] - start)
             nll = nll.index_add(0, rows, tail_nll)
         return nll
+
+
+def _log_softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dimension, in place (row by row, so the kernel may write where it reads)."""
+    if torch.compiler.is_compiling():  # (a compiled graph has no aliasing out=)
+        return logits.copy_(torch.log_softmax(logits, -1))
+    return torch.log_softmax(logits, -1, out=logits)
 
 
 class LogUniformSampler:

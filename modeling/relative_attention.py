@@ -75,16 +75,22 @@ class _RelativeShift(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        *batch, length, distances = ctx.shape
-        grad_scores = grad.new_empty(ctx.shape)
-        flat = grad_scores.view(*batch, length * distances)
-        end = ctx.offset + length * (distances - 1)
-        flat[..., : ctx.offset].zero_()
-        flat[..., end:].zero_()
-        rows = flat[..., ctx.offset : end].view(*batch, length, distances - 1)
-        rows[..., ctx.key_length :].zero_()
-        rows[..., : ctx.key_length].copy_(grad)
-        return grad_scores, None, None
+        return _unshift(grad, ctx.shape, ctx.key_length, ctx.offset), None, None
+
+
+def _unshift(grad: torch.Tensor, shape, key_length: int, offset: int) -> torch.Tensor:
+    """The gradient of `relative_shift`: `grad` [..., q, key_length] written back to the unshifted [..., q, R]
+    cells it was read from, zeros elsewhere, in one pass."""
+    *batch, length, distances = shape
+    grad_scores = grad.new_empty(shape)
+    flat = grad_scores.view(*batch, length * distances)
+    end = offset + length * (distances - 1)
+    flat[..., :offset].zero_()
+    flat[..., end:].zero_()
+    rows = flat[..., offset:end].view(*batch, length, distances - 1)
+    rows[..., key_length:].zero_()
+    rows[..., :key_length].copy_(grad)
+    return grad_scores
 
 
 def relative_position_scores(
@@ -104,16 +110,29 @@ def relative_position_scores(
     """
     if position_bias is not None:
         query = query + position_bias[:, None, :].to(query.dtype)
+    scores = _unshifted_position_scores(query, position_keys)
+    return _batch_first(relative_shift(scores, key_length, offset), position_keys)
+
+
+def _unshifted_position_scores(query, position_keys):
+    """(q_i + v)^T W_kR R_r for every query and distance, in the keys' layout: [H, B, q, R] for keys shared by every
+    row (one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones, which would also copy the keys B times), or
+    [G, B/G, H, q, R] for grouped keys."""
     if position_keys.dim() == 5:
-        grouped = query.unflatten(0, (position_keys.shape[0], -1))
-        scores = torch.matmul(grouped, position_keys.transpose(-1, -2))
-        return relative_shift(scores, key_length, offset).flatten(0, 1)
-    # Keys shared by every batch row: one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones (which would
-    # also copy the keys B times). Shifted in [H, B, q, R] layout, returned as a [B, H, q, k] view.
+        return torch.matmul(query.unflatten(0, (position_keys.shape[0], -1)), position_keys.transpose(-1, -2))
     batch, heads, length, dim = query.shape
     folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
-    scores = torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
-    return relative_shift(scores, key_length, offset).transpose(0, 1)
+    return torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
+
+
+def _batch_first(scores, position_keys):
+    """Scores in the position keys' layout (see `_unshifted_position_scores`) -> [B, H, q, k] (a view)."""
+    return scores.flatten(0, 1) if position_keys.dim() == 5 else scores.transpose(0, 1)
+
+
+def _keys_layout(scores, position_keys):
+    """The inverse of `_batch_first`."""
+    return scores.unflatten(0, (position_keys.shape[0], -1)) if position_keys.dim() == 5 else scores.transpose(0, 1)
 
 
 class RelativePositions(NamedTuple):
@@ -155,20 +174,22 @@ def relative_attention(
     - causal: every key after the last query's own position is masked (key j > k - q + i for query i), so a block of
       queries attends only to the keys up to its last row's position.
 
-    Queries are processed in blocks of rows (`SCORE_BLOCK_ELEMENTS`). Query rows i0 <= i < i1 read the relative
-    distances listed from column q - i1 on (those of the farthest key from the block's first row down), so a block is
-    the same problem for fewer queries: position keys from that column, shift offset `offset - (q - i1) - i0`.
+    Queries are processed in blocks of rows (`SCORE_BLOCK_ELEMENTS`; see `_blocks`). Without gradients each block goes
+    through torch's fused `scaled_dot_product_attention`, with the other terms as its float mask (without a mask the
+    shifted view itself, never copied); with gradients through `_TrainingAttention`, whose backward pass is written
+    out (see there). `output_attentions=True` computes the scores explicitly, in one block. Masked scores get the
+    dtype's most negative finite value rather than -inf, so a fully masked query row (a padding position) yields
+    finite output instead of NaN.
     """
+    tensors = (query, key, value, content_bias, score_bias) + (() if positions is None else positions[:2])
+    if not output_attentions and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout), None
     batch, heads, length, _ = query.shape
-    key_length = key.shape[2]
-    block = length if output_attentions else max(1, SCORE_BLOCK_ELEMENTS // (batch * heads * key_length))
     outputs, probs = [], None
-    for start in range(0, length, block):
-        end = min(length, start + block)
-        keys = key_length - length + end if causal else key_length
+    block = length if output_attentions else _block_rows(query, key)
+    for start, end, keys, first in _blocks(length, key.shape[2], block, causal):
         bias = None
         if positions is not None:
-            first = length - end
             bias = relative_position_scores(
                 query[:, :, start:end], positions.keys[..., first:, :], positions.bias, keys,
                 positions.offset - first - start,
@@ -184,6 +205,29 @@ def relative_attention(
     return (torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]), probs
 
 
+def _block_rows(query, key) -> int:
+    """Query rows per block: all of them under torch.compile (which fuses the passes itself, and would otherwise
+    specialise the graph on the number of blocks, hence on the length)."""
+    if torch.compiler.is_compiling():
+        return query.shape[2]
+    return max(1, SCORE_BLOCK_ELEMENTS // (query.shape[0] * query.shape[1] * key.shape[2]))
+
+
+def _blocks(length: int, key_length: int, block: int, causal: bool):
+    """(start, end, keys, first) of each block of query rows start:end: the keys it attends to (:keys; with
+    `causal`, none after its last row's position) and the first column of the position scores it reads.
+
+    Query rows i0 <= i < i1 read the relative distances listed from column q - i1 on (those of the farthest key
+    from the block's last row down), so a block is the same problem for fewer queries: position keys from that
+    column, shift offset `offset - (q - i1) - i0`."""
+    if block >= length:  # (no arithmetic on the length, which torch.compile keeps symbolic)
+        yield 0, length, key_length, 0
+        return
+    for start in range(0, length, block):
+        end = min(length, start + block)
+        yield start, end, (key_length - length + end if causal else key_length), length - end
+
+
 def _rows(scores: torch.Tensor, start: int, end: int, keys: int) -> torch.Tensor:
     """Query rows start:end and the first `keys` columns of a [..., q or 1, k or 1] score term or mask."""
     if scores.shape[-2] > 1:
@@ -192,39 +236,147 @@ def _rows(scores: torch.Tensor, start: int, end: int, keys: int) -> torch.Tensor
 
 
 def _attention_block(query, key, value, content_bias, bias, mask, dropout, output_attentions):
-    """One block of queries (see relative_attention); `bias` holds every score term but (a)+(c).
-
-    Without gradients the scores go through torch's fused `scaled_dot_product_attention` with the bias as its float
-    mask (without a mask the shifted view itself, never copied). With gradients, or `output_attentions=True`, the
-    scores are computed explicitly: the fused CPU kernel cannot return a gradient for a float mask, and torch's
-    fallback for one that needs it is several times slower and stores more. Both give the same numbers. Masked
-    scores get the dtype's most negative finite value rather than -inf, so a fully masked query row (a padding
-    position) yields finite output instead of NaN.
-    """
+    """One block of queries without a hand-written backward (see relative_attention); `bias` holds every score
+    term but (a)+(c). With `output_attentions` the scores are explicit (and differentiable by autograd)."""
     scale = query.shape[-1] ** -0.5
     if content_bias is not None:
         query = query + content_bias[:, None, :].to(query.dtype)
     bias = None if bias is None else bias.to(query.dtype)
     lowest = torch.finfo(query.dtype).min
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (query, key, value, bias)
-    )
-    if not (output_attentions or needs_grad):
+    if not output_attentions:
         if mask is not None:
             bias = torch.zeros((), dtype=query.dtype, device=query.device) if bias is None else bias
             bias = torch.where(mask, lowest, bias)  # one pass: the mask applied while the bias is copied
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scale)
         return output, None
-    # One [B, H, q, k] score tensor, updated in place: the bias and the mask cost a pass each, and what autograd
-    # keeps is the probabilities (for the softmax and the value products), nothing else of that size.
     scores = torch.matmul(query * scale, key.transpose(-1, -2))
     if bias is not None:
-        scores = scores.add_(bias)
+        scores = scores + bias
     if mask is not None:
-        scores = scores.masked_fill_(mask, lowest)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(F.dropout(probs, p=dropout, training=dropout > 0), value)
-    return output, probs if output_attentions else None
+        scores = scores.masked_fill(mask, lowest)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+    return torch.matmul(F.dropout(probs, p=dropout, training=dropout > 0), value), probs
+
+
+def _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout):
+    """`_TrainingAttention` on inputs of one dtype: the query's, or autocast's lower precision, in which autocast
+    would have run the products (the function runs with autocast off, so that its backward sees the same dtypes)."""
+    device = query.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    position_keys, position_bias, offset = positions if positions is not None else (None, None, 0)
+    tensors = [t if t is None else t.to(dtype) for t in (query, key, value, content_bias, position_keys,
+                                                         position_bias, score_bias)]  # fmt: skip
+    with torch.autocast(device, enabled=False):
+        return _TrainingAttention.apply(*tensors, mask, offset, causal, _block_rows(query, key), dropout)
+
+
+class _TrainingAttention(torch.autograd.Function):
+    """relative_attention with gradients, block by block, with its backward pass written out.
+
+    Per block: scores S = (q + u) k^T / sqrt(d) + shift((q + v) W_kR R) + score bias, masked; P = softmax(S), kept
+    (the one score-sized tensor stored per block, plus the dropout mask if any); output P V. Backward: dV = P^T dO,
+    dP = dO V^T, dS = P * (dP - rowsum(dP * P)) (softmax's Jacobian), then dS is the gradient of every score term
+    at once: dq = dS k / sqrt(d) + unshift(dS) W_kR R, dk = dS^T (q + u) / sqrt(d), d(W_kR R) = unshift(dS)^T (q + v).
+    Autograd would do the same products, but around them it fills and adds full-length zero tensors for the
+    key / value slices of every causal block, copies transposed key gradients and keeps the shifted view's
+    buffers; here every gradient is accumulated in place into one tensor of its input's size.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, content_bias, position_keys, position_bias, score_bias, mask, offset, causal,
+                block, dropout):  # fmt: skip
+        length, key_length, scale = query.shape[2], key.shape[2], query.shape[-1] ** -0.5
+        content_query = (query if content_bias is None else query + content_bias[:, None, :]) * scale
+        position_query = None
+        if position_keys is not None:
+            position_query = query if position_bias is None else query + position_bias[:, None, :]
+        lowest = torch.finfo(query.dtype).min
+        outputs, saved = [], []
+        for start, end, keys, first in _blocks(length, key_length, block, causal):
+            scores = torch.matmul(content_query[:, :, start:end], key[:, :, :keys].transpose(-1, -2))
+            if position_keys is not None:
+                unshifted = _unshifted_position_scores(position_query[:, :, start:end], position_keys[..., first:, :])
+                shifted = _shifted_view(unshifted, keys, offset - first - start)
+                scores.add_(_batch_first(shifted, position_keys))
+            if score_bias is not None:
+                scores.add_(_rows(score_bias, start, end, keys))
+            if mask is not None:
+                scores.masked_fill_(_rows(mask, start, end, keys), lowest)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+            kept = None
+            if dropout > 0:
+                kept = torch.rand_like(probs) >= dropout
+                saved.append(kept)
+            outputs.append(torch.matmul(probs if kept is None else probs * kept / (1 - dropout), value[:, :, :keys]))
+            saved.append(probs)
+        ctx.save_for_backward(content_query, position_query, key, value, position_keys, *saved)
+        ctx.score_bias_shape = None if score_bias is None else score_bias.shape
+        ctx.has = (content_bias is not None, position_bias is not None)
+        ctx.offset, ctx.causal, ctx.block, ctx.dropout = offset, causal, block, dropout
+        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        content_query, position_query, key, value, position_keys, *saved = ctx.saved_tensors
+        length, key_length, scale = content_query.shape[2], key.shape[2], content_query.shape[-1] ** -0.5
+        grad_content = torch.empty_like(content_query)
+        grad_key, grad_value = torch.zeros_like(key), torch.zeros_like(value)
+        grad_position = None if position_keys is None else torch.empty_like(position_query)
+        grad_position_keys = None if position_keys is None else torch.zeros_like(position_keys)
+        grad_score_bias = None
+        if ctx.score_bias_shape is not None and ctx.needs_input_grad[6]:
+            grad_score_bias = grad_output.new_zeros(ctx.score_bias_shape)
+        per_block = 2 if ctx.dropout > 0 else 1
+        blocks = _blocks(length, key_length, ctx.block, ctx.causal)
+        for index, (start, end, keys, first) in enumerate(blocks):
+            *kept, probs = saved[per_block * index : per_block * (index + 1)]
+            kept = kept[0] if kept else None
+            d_out = grad_output[:, :, start:end]
+            kept_probs = probs if kept is None else probs * kept / (1 - ctx.dropout)
+            grad_value[:, :, :keys] += torch.matmul(kept_probs.transpose(-1, -2), d_out)
+            d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2))
+            if kept is not None:
+                d_probs = d_probs.mul_(kept).div_(1 - ctx.dropout)
+            d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)  # masked cells: P = 0, dS = 0
+            grad_content[:, :, start:end] = torch.matmul(d_scores, key[:, :, :keys])
+            grad_key[:, :, :keys] += torch.matmul(d_scores.transpose(-1, -2), content_query[:, :, start:end])
+            if grad_score_bias is not None:
+                _rows(grad_score_bias, start, end, keys).add_(_sum_to(d_scores, _rows(grad_score_bias, start, end, keys)))
+            if position_keys is not None:
+                query_rows = position_query[:, :, start:end]
+                d_shifted = _keys_layout(d_scores, position_keys)
+                unshifted_shape = (*d_shifted.shape[:-1], position_keys.shape[-2] - first)
+                d_unshifted = _unshift(d_shifted, unshifted_shape, keys, ctx.offset - first - start)
+                d_query, d_keys = _position_products_backward(d_unshifted, query_rows, position_keys[..., first:, :])
+                grad_position[:, :, start:end] = d_query
+                grad_position_keys[..., first:, :] += d_keys
+        grad_content = grad_content.mul_(scale)
+        grad_query = grad_content if grad_position is None else grad_content + grad_position
+        has_content_bias, has_position_bias = ctx.has
+        grad_content_bias = grad_content.sum((0, 2)) if has_content_bias else None
+        grad_position_bias = grad_position.sum((0, 2)) if has_position_bias else None
+        return (grad_query, grad_key, grad_value, grad_content_bias, grad_position_keys, grad_position_bias,
+                grad_score_bias, None, None, None, None, None)  # fmt: skip
+
+
+def _position_products_backward(d_unshifted, query, position_keys):
+    """Gradients of `_unshifted_position_scores(query, position_keys)` given the scores' gradient (keys' layout)."""
+    if position_keys.dim() == 5:
+        grouped = query.unflatten(0, (position_keys.shape[0], -1))
+        d_query = torch.matmul(d_unshifted, position_keys).flatten(0, 1)
+        d_keys = torch.matmul(d_unshifted.transpose(-1, -2), grouped).sum(1, keepdim=True)
+        return d_query, d_keys
+    heads, batch, length, distances = d_unshifted.shape
+    folded = query.transpose(0, 1).reshape(heads, batch * length, -1)
+    d_folded = d_unshifted.view(heads, batch * length, distances)
+    d_query = torch.matmul(d_folded, position_keys).view(heads, batch, length, -1).transpose(0, 1)
+    return d_query, torch.matmul(d_folded.transpose(-1, -2), folded)
+
+
+def _sum_to(gradient, like):
+    """`gradient` summed over the dimensions where `like` broadcasts (size 1)."""
+    dims = [i for i, (g, t) in enumerate(zip(gradient.shape, like.shape)) if t == 1 and g != 1]
+    return gradient.sum(dims, keepdim=True) if dims else gradient
 
 
 def causal_memory_mask(
