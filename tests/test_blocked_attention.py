@@ -1,0 +1,198 @@
+"""Relative attention in blocks of queries, with its written-out backward pass, and the fused softmax cross-entropy:
+the same numbers and gradients as one explicit block / `F.cross_entropy` (fp64, so that differences are bugs, not
+rounding), for every kind of term the models give them, and the same outputs of whole models."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformers_xl.modeling.relative_attention as attention
+from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
+from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+from transformers_xl.modeling.cross_entropy import reduced_cross_entropy, softmax_cross_entropy
+from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
+
+BATCH, HEADS, QUERIES, MEMORY, DIM = 4, 3, 10, 6, 8
+
+
+@pytest.fixture
+def blocks_of(monkeypatch):
+    """Make blocks of `rows` query rows for inputs of `keys` keys (the default size gives tests a single block)."""
+
+    def set_rows(rows, keys=MEMORY + QUERIES, batch=BATCH, heads=HEADS):
+        monkeypatch.setattr(attention, "SCORE_BLOCK_ELEMENTS", batch * heads * keys * rows)
+
+    return set_rows
+
+
+def attention_inputs(grouped, causal, padding, score_term, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=generator).requires_grad_()
+
+    keys = MEMORY + QUERIES
+    distances = keys + 1 if causal else keys + QUERIES  # Transformer-XL's k-1 ... -1, XLNet's k ... -q+1
+    inputs = dict(
+        query=tensor(BATCH, HEADS, QUERIES, DIM), key=tensor(BATCH, HEADS, keys, DIM),
+        value=tensor(BATCH, HEADS, keys, DIM), content_bias=tensor(HEADS, DIM),
+    )  # fmt: skip
+    position_keys = tensor(2, 1, HEADS, distances, DIM) if grouped else tensor(HEADS, distances, DIM)
+    position_bias = tensor(HEADS, DIM)
+    offset = QUERIES - 1 if causal else QUERIES
+    inputs["positions"] = attention.RelativePositions(position_keys, position_bias, offset)
+    inputs["score_bias"] = tensor(BATCH, HEADS, QUERIES, keys) if score_term else None
+    mask = attention.causal_memory_mask(QUERIES, MEMORY)[None, None] if causal else None
+    if padding:
+        padded = torch.rand(BATCH, 1, QUERIES, keys, generator=generator) < 0.2
+        mask = padded if mask is None else mask | padded
+    inputs["mask"], inputs["causal"] = mask, causal
+    leaves = [inputs[name] for name in ("query", "key", "value", "content_bias")] + [position_keys, position_bias]
+    return inputs, leaves + ([inputs["score_bias"]] if score_term else [])
+
+
+CASES = list(itertools.product([False, True], repeat=4))  # grouped keys, causal, padding, score term
+
+
+@pytest.mark.parametrize("grouped,causal,padding,score_term", CASES)
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_blocks_with_gradients_equal_one_explicit_block(blocks_of, grouped, causal, padding, score_term, rows):
+    inputs, leaves = attention_inputs(grouped, causal, padding, score_term)
+    expected, _ = attention.relative_attention(**inputs, output_attentions=True)
+    upstream = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, leaves, upstream)
+    blocks_of(rows)
+    output, probs = attention.relative_attention(**inputs)
+    assert probs is None and output.grad_fn.name().startswith("_TrainingAttention")
+    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
+    for got, want in zip(torch.autograd.grad(output, leaves, upstream), expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("grouped,causal,padding,score_term", CASES)
+def test_blocks_without_gradients_equal_one_explicit_block(blocks_of, grouped, causal, padding, score_term):
+    inputs, _ = attention_inputs(grouped, causal, padding, score_term)
+    with torch.no_grad():
+        expected, _ = attention.relative_attention(**inputs, output_attentions=True)
+        blocks_of(3)
+        output, _ = attention.relative_attention(**inputs)
+    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
+
+
+def test_blocks_with_dropout_have_exact_gradients(blocks_of):
+    """gradcheck with the dropout masks drawn again from the same seed on every call: the backward pass applies the
+    masks the forward pass drew."""
+    inputs, leaves = attention_inputs(grouped=False, causal=True, padding=True, score_term=True)
+    blocks_of(4)
+
+    def attend(query, key, value, content_bias, position_keys, position_bias, score_bias):
+        torch.manual_seed(0)
+        positions = attention.RelativePositions(position_keys, position_bias, inputs["positions"].offset)
+        return attention.relative_attention(
+            query, key, value, content_bias, positions, score_bias, inputs["mask"], causal=True, dropout=0.3
+        )[0]
+
+    output = attend(*leaves)
+    assert output.grad_fn.name().startswith("_TrainingAttention")
+    assert not torch.equal(output, attention.relative_attention(**inputs)[0])  # something was dropped
+    assert torch.autograd.gradcheck(attend, [leaf.detach().requires_grad_() for leaf in leaves])
+
+
+def test_training_attention_under_autocast_runs_in_bf16():
+    inputs, leaves = attention_inputs(grouped=False, causal=True, padding=False, score_term=False)
+    inputs = {name: value.float() if torch.is_tensor(value) and value.is_floating_point() else value
+              for name, value in inputs.items()}  # fmt: skip
+    inputs["positions"] = attention.RelativePositions(*(t.float() for t in inputs["positions"][:2]), QUERIES - 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, _ = attention.relative_attention(**inputs)
+    assert output.dtype == torch.bfloat16
+    output.float().sum().backward()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Whole models: blocks change nothing
+
+
+def transfo_xl(**overrides):
+    torch.manual_seed(0)
+    config = TransfoXLConfig(
+        vocab_size=120, cutoffs=[30, 70], d_model=24, d_embed=24, n_head=3, d_head=8, d_inner=32, n_layer=2,
+        mem_len=MEMORY, dropout=0.0, dropatt=0.0, **overrides,
+    )  # fmt: skip
+    return TransfoXLLMHeadModel(config).double()
+
+
+def xlnet(**overrides):
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=120, d_model=24, n_layer=2, n_head=3, d_inner=32, mem_len=MEMORY, dropout=0.0,
+                         **overrides)  # fmt: skip
+    return XLNetLMHeadModel(config).double()
+
+
+def two_segments(model, **extra):
+    """Loss, log-probabilities / logits and gradients over a second segment that attends to the first's memory."""
+    ids = torch.randint(0, 120, (2, 2, QUERIES), generator=torch.Generator().manual_seed(1))
+    model.zero_grad()
+    with torch.no_grad():
+        mems = model(ids[0], **extra).mems
+        evaluated = model(ids[1], mems=mems, **extra).logits
+    loss = model(ids[1], mems=mems, labels=ids[1], **extra).loss
+    loss.backward()
+    return [evaluated, loss] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("attn_type", [0, 1])
+def test_transfo_xl_in_blocks_equals_one_block(blocks_of, attn_type):
+    model = transfo_xl(attn_type=attn_type, same_length=True)
+    expected = two_segments(model)
+    blocks_of(3, keys=MEMORY + QUERIES, batch=2)
+    for got, want in zip(two_segments(model), expected):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("bi_data", [False, True])
+def test_xlnet_in_blocks_equals_one_block(blocks_of, bi_data):
+    model = xlnet(bi_data=bi_data)
+    types = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
+    extra = dict(use_mems=True, token_type_ids=types)
+    expected = two_segments(model, **extra)
+    blocks_of(3, keys=MEMORY + QUERIES, batch=2)
+    for got, want in zip(two_segments(model, **extra), expected):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Softmax cross-entropy
+
+
+def test_softmax_cross_entropy_equals_torch_in_values_and_gradients():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 37, dtype=torch.float64, generator=generator, requires_grad=True)
+    target = torch.randint(0, 37, (50,), generator=generator)
+    target[[3, 9]] = -100
+    weights = torch.rand(50, dtype=torch.float64, generator=generator)
+    nll = softmax_cross_entropy(logits, target)
+    expected = F.cross_entropy(logits, target, reduction="none")
+    torch.testing.assert_close(nll, expected, atol=1e-12, rtol=0)
+    grad, = torch.autograd.grad((nll * weights).sum(), logits)
+    want, = torch.autograd.grad((expected * weights).sum(), logits)
+    torch.testing.assert_close(grad, want, atol=1e-12, rtol=0)
+    for reduction in ("sum", "mean"):
+        torch.testing.assert_close(reduced_cross_entropy(logits, target, reduction),
+                                   F.cross_entropy(logits, target, reduction=reduction), atol=1e-12, rtol=0)  # fmt: skip
+    assert reduced_cross_entropy(logits, torch.full((50,), -100), "mean").isnan()  # as F.cross_entropy
+
+
+def test_softmax_cross_entropy_keeps_half_precision_logits_intact_and_refuses_a_second_backward():
+    logits = torch.randn(6, 5, dtype=torch.bfloat16, requires_grad=True)
+    before = logits.detach().clone()
+    nll = softmax_cross_entropy(logits, torch.tensor([0, 1, 2, 3, 4, 0]))
+    assert nll.dtype == torch.float32
+    nll.sum().backward(retain_graph=True)
+    assert torch.equal(logits.detach(), before)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        nll.sum().backward()  # the gradient was scaled in place: autograd says so rather than reuse it
+    with pytest.raises(ValueError, match=r"expected \[N, C\] and \[N\]"):
+        softmax_cross_entropy(logits, torch.tensor([0, 1]))
