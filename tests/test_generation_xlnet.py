@@ -13,15 +13,20 @@ VOCAB = 40
 TINY = dict(vocab_size=VOCAB, d_model=32, n_head=4, d_inner=37, n_layer=2, dropout=0.0, pad_token_id=5)
 
 
-def scrambled_pair(**overrides):
-    """transformers' XLNetLMHeadModel and ours with the same large random weights (peaked distributions)."""
+def weight_pair(draw, **overrides):
+    """transformers' XLNetLMHeadModel (TINY + `overrides`, its weights redrawn by `draw`) and ours with its weights."""
     kwargs = {**TINY, **overrides}
     torch.manual_seed(0)
     reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**kwargs)).eval()
-    perturbed(reference)
+    draw(reference)
     model = ours.XLNetLMHeadModel(XLNetConfig(**kwargs)).eval()
     model.load_state_dict(reference.state_dict())
     return reference, model
+
+
+def scrambled_pair(**overrides):
+    """transformers' XLNetLMHeadModel and ours with the same large random weights (peaked distributions)."""
+    return weight_pair(perturbed, **overrides)
 
 
 def ids(batch, length, seed=1):
@@ -106,13 +111,7 @@ def test_predict_next_token_equals_transformers_dummy_token_scheme(attn_type, ba
 def large_weight_pair(**overrides):
     """transformers' XLNetLMHeadModel and ours with every parameter drawn from N(0, 0.2) (layer-norm weights from
     1 + N(0, 0.1)): peaked distributions, so that a wrong memory changes the tokens, not only the logits."""
-    kwargs = {**TINY, "d_model": 16, "n_head": 2, "d_inner": 32, **overrides}
-    torch.manual_seed(0)
-    reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**kwargs)).eval()
-    peaked(reference)
-    model = ours.XLNetLMHeadModel(XLNetConfig(**kwargs)).eval()
-    model.load_state_dict(reference.state_dict())
-    return reference, model
+    return weight_pair(peaked, **{"d_model": 16, "n_head": 2, "d_inner": 32, **overrides})
 
 
 def assert_same_generation(model, reference, prompt, **settings):
