@@ -144,10 +144,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         logits = linear(hidden, weight, bias).float()
         return logits if out is None else out.copy_(logits)
 
-    def _head_cluster(self):
-        """The head softmax's (weight, bias, projection): the head words' rows, then one per tail cluster (the
-        cluster weights joined to the head's: a [head size, d] copy, not an [N, head size] one)."""
-        weight, bias, proj = self._clusters()[0]
+    def _head_cluster(self, clusters):
+        """The head softmax's (weight, bias, projection), from `_clusters()`: the head words' rows, then one per tail
+        cluster (the cluster weights joined to the head's: a [head size, d] copy, not an [N, head size] one)."""
+        weight, bias, proj = clusters[0]
         if len(self.bounds) > 1:
             weight, bias = torch.cat([weight, self.cluster_weight]), torch.cat([bias, self.cluster_bias])
         return weight, bias, proj
@@ -161,7 +161,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         writes into `out=`); with gradients, log_softmax per cluster and one concatenation."""
         clusters, head_end = self._clusters(), self.bounds[0][1]
         if torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad):
-            head = torch.log_softmax(self._logits(hidden, *self._head_cluster()), -1)
+            head = torch.log_softmax(self._logits(hidden, *self._head_cluster(clusters)), -1)
             pieces = [head[:, :head_end]]
             for cluster in range(1, len(self.bounds)):
                 tail = torch.log_softmax(self._logits(hidden, *clusters[cluster]), -1)
@@ -170,7 +170,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         output = torch.empty(hidden.shape[0], self.vocab_size, dtype=torch.float32, device=hidden.device)
         # The head softmax (head words, then one logit per tail cluster) is normalised in the output's first columns;
         # the tail clusters' log-probabilities are kept aside before the first tail cluster overwrites them.
-        head = _log_softmax_(self._logits(hidden, *self._head_cluster(), out=output[:, : self.head_size]))
+        head = _log_softmax_(self._logits(hidden, *self._head_cluster(clusters), out=output[:, : self.head_size]))
         cluster_log_p = head[:, head_end:].clone()
         for cluster in range(1, len(self.bounds)):
             start, end = self.bounds[cluster]
@@ -188,7 +188,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         cluster_of = torch.bucketize(target, torch.tensor([end for _, end in self.bounds[:-1]], device=target.device),
                                      right=True)  # fmt: skip
         head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
-        nll = softmax_cross_entropy(self._logits(hidden, *self._head_cluster()), head_target)
+        nll = softmax_cross_entropy(self._logits(hidden, *self._head_cluster(clusters)), head_target)
         for cluster in range(1, len(self.bounds)):
             start = self.bounds[cluster][0]
             rows = (cluster_of == cluster).nonzero().squeeze(-1)

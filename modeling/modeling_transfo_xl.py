@@ -26,8 +26,8 @@ from .decoding_linear import DecodingLinear, linear
 from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
 from .memory_cache import MemoryCache, MemoryLayer
 from .relative_attention import (
-    causal_memory_mask,
     RelativePositions,
+    causal_memory_mask,
     relative_attention,
     relative_shift,
     sinusoid_encoding,

@@ -184,7 +184,7 @@ def relative_attention(
     tensors = (query, key, value, content_bias, score_bias) + (() if positions is None else positions[:2])
     if not output_attentions and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout), None
-    batch, heads, length, _ = query.shape
+    length = query.shape[2]
     outputs, probs = [], None
     block = length if output_attentions else _block_rows(query, key)
     for start, end, keys, first in _blocks(length, key.shape[2], block, causal):
@@ -294,10 +294,10 @@ class _TrainingAttention(torch.autograd.Function):
         outputs, saved = [], []
         for start, end, keys, first in _blocks(length, key_length, block, causal):
             scores = torch.matmul(content_query[:, :, start:end], key[:, :, :keys].transpose(-1, -2))
-            if position_keys is not None:
-                unshifted = _unshifted_position_scores(position_query[:, :, start:end], position_keys[..., first:, :])
-                shifted = _shifted_view(unshifted, keys, offset - first - start)
-                scores.add_(_batch_first(shifted, position_keys))
+            if position_keys is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
+                scores.add_(relative_position_scores(
+                    position_query[:, :, start:end], position_keys[..., first:, :], None, keys, offset - first - start
+                ))  # fmt: skip
             if score_bias is not None:
                 scores.add_(_rows(score_bias, start, end, keys))
             if mask is not None:
