@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cross_entropy import softmax_cross_entropy
+from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy
 from .decoding_linear import MAX_ROWS, linear
 
 
@@ -182,19 +182,34 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32).
 
         -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target is
-        the word itself or its cluster's column) plus, for a tail word, one over its cluster, whose logits are computed
-        only for the rows whose target falls in it. Never the log-probabilities of the whole vocabulary."""
-        clusters, head_end = self._clusters(), self.bounds[0][1]
+        the word itself or its cluster's column) plus, for a tail word, one over its cluster, scored only for the rows
+        whose target falls in it (`linear_cross_entropy`: never an [N, vocabulary] tensor, with or without gradients)."""
+        head_end = self.bounds[0][1]
         cluster_of = torch.bucketize(target, torch.tensor([end for _, end in self.bounds[:-1]], device=target.device),
                                      right=True)  # fmt: skip
+        head_parts = self._softmax_parts(0)
+        if len(self.bounds) > 1:
+            head_parts += (SoftmaxPart(self.cluster_weight, self.cluster_bias, 0, len(self.bounds) - 1),)
         head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
-        nll = softmax_cross_entropy(self._logits(hidden, *self._head_cluster(clusters)), head_target)
+        softmaxes = [Softmax(self._projected(hidden, 0), head_target, head_parts)]
         for cluster in range(1, len(self.bounds)):
-            start = self.bounds[cluster][0]
             rows = (cluster_of == cluster).nonzero().squeeze(-1)
-            tail_nll = softmax_cross_entropy(self._logits(hidden[rows], *clusters[cluster]), target[rows] - start)
-            nll = nll.index_add(0, rows, tail_nll)
-        return nll
+            tail_target = target[rows] - self.bounds[cluster][0]
+            softmaxes.append(Softmax(self._projected(hidden[rows], cluster), tail_target, self._softmax_parts(cluster), rows))
+        return linear_cross_entropy(softmaxes, hidden.shape[0])
+
+    def _softmax_parts(self, cluster: int) -> tuple[SoftmaxPart, ...]:
+        """Cluster `cluster`'s words as rows of its output layer (with div_val 1, a row range of the one layer)."""
+        start, end = self.bounds[cluster]
+        if self.div_val == 1:
+            layer = self.out_layers[0]
+            return (SoftmaxPart(layer.weight, layer.bias, start, end),)
+        layer = self.out_layers[cluster]
+        return (SoftmaxPart(layer.weight, layer.bias, 0, end - start),)
+
+    def _projected(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
+        proj = self.out_projs[cluster]
+        return hidden if proj is None else hidden @ proj
 
 
 def _log_softmax_(logits: torch.Tensor) -> torch.Tensor:

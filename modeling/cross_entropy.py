@@ -8,7 +8,12 @@ the forward pass writes the log-softmax once and turns it into the gradient in p
 backward pass scales it in place by each row's incoming gradient.
 """
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100  # (transformers' label for "no target here")
 
 
 class _SoftmaxCrossEntropy(torch.autograd.Function):
@@ -32,7 +37,7 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
         return gradient.mul_((grad_nll * valid)[:, None]), None, None
 
 
-def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """[N, C] logits, [N] targets -> [N] negative log-likelihoods, in fp32 or wider (0 where the target is
     `ignore_index`): the numbers of `F.cross_entropy(logits.float(), target, reduction="none", ...)`."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
@@ -45,14 +50,238 @@ def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     return _SoftmaxCrossEntropy.apply(logits, target.where(valid, 0), valid.to(logits.dtype))
 
 
-def reduced_cross_entropy(logits, target, reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
-    """`softmax_cross_entropy` summed or averaged over the targets that count (`F.cross_entropy`'s reductions: a mean
-    over no targets is NaN, as there)."""
-    nll = softmax_cross_entropy(logits, target, ignore_index)
+def reduced_cross_entropy(logits, target, reduction: str = "mean", ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """`softmax_cross_entropy` summed or averaged over the targets that count."""
+    return reduce_nll(softmax_cross_entropy(logits, target, ignore_index), target != ignore_index, reduction)
+
+
+def reduce_nll(nll: torch.Tensor, counted: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Per-target NLL -> `F.cross_entropy`'s reductions over the `counted` targets (a mean over none is NaN, as
+    there)."""
     if reduction == "none":
         return nll
     if reduction == "sum":
         return nll.sum()
     if reduction == "mean":
-        return nll.sum() / (target != ignore_index).sum()
-    raise ValueError(f"reduced_cross_entropy: reduction {reduction!r}; expected 'none', 'sum' or 'mean'.")
+        return nll.sum() / counted.sum()
+    raise ValueError(f"reduce_nll: reduction {reduction!r}; expected 'none', 'sum' or 'mean'.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Linear cross-entropy: the output layer and the loss in one pass, for the language-model heads
+
+
+class SoftmaxPart(NamedTuple):
+    """Classes `[start, end)` of one softmax: those rows of `weight` [*, d] and `bias` [*] (or None)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    start: int
+    end: int
+
+
+class Softmax(NamedTuple):
+    """One softmax of a linear cross-entropy. It scores `hidden` [n, d] against its `parts` (the classes, in
+    order: an adaptive softmax's head is the head words' rows of the output layer and then the cluster rows) and
+    adds -log p(target) [n] to the NLL of `rows` [n] (None: rows 0 ... n-1). `logits` [n, classes], when the caller
+    has them already (with their graph), stand in for the products in the forward pass. A target of -100
+    (`IGNORE_INDEX`) scores nothing."""
+
+    hidden: torch.Tensor
+    target: torch.Tensor
+    parts: tuple[SoftmaxPart, ...]
+    rows: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+# Logits per chunk of rows: 32 MiB in fp32, reused by every chunk (fresh tensors cost their page faults on CPU).
+# Fewer rows per chunk would add passes over the weight gradient, which every chunk accumulates into.
+CHUNK_ELEMENTS = 1 << 23
+
+
+def linear_cross_entropy(softmaxes: list[Softmax], num_rows: int) -> torch.Tensor:
+    """[num_rows] NLL summed over the softmaxes that score each row: -log softmax(h W^T + b)_target, in fp32 or wider.
+
+    In eager mode the logits are made chunk by chunk of rows, and with gradients each chunk's gradient
+    (softmax - onehot, times the output layer for the hidden states, times the hidden states for the weights) is
+    accumulated during the forward pass, so that only gradients of the inputs' sizes are kept, never one of the
+    logits' [N, vocabulary] size. The backward pass scales them by the incoming gradient when every scored row gets
+    the same one (a sum or a mean of the NLL: the losses of language modelling); otherwise it recomputes them with
+    each row's weight. Under torch.compile (which cannot trace the chunked passes) it is the plain composition."""
+    if torch.compiler.is_compiling():
+        return _composed_cross_entropy(softmaxes, num_rows)
+    device = softmaxes[0].hidden.device.type
+    if torch.is_autocast_enabled(device):  # (the products in autocast's dtype, as F.linear would run them)
+        dtype = torch.get_autocast_dtype(device)
+        softmaxes = [_cast(softmax, dtype) for softmax in softmaxes]
+    tensors, layout = _tensor_layout(softmaxes)
+    with torch.autocast(device, enabled=False):
+        return _LinearCrossEntropy.apply(layout, num_rows, *tensors)
+
+
+def _composed_cross_entropy(softmaxes, num_rows):
+    nll = None
+    for softmax in softmaxes:
+        logits = softmax.logits
+        if logits is None:
+            logits = torch.cat([_part_logits(softmax.hidden, part) for part in softmax.parts], -1)
+        softmax_nll = softmax_cross_entropy(logits, softmax.target)
+        if softmax.rows is None and nll is None:
+            nll = softmax_nll
+        else:
+            nll = (nll if nll is not None else softmax_nll.new_zeros(num_rows)).index_add(0, softmax.rows, softmax_nll)
+    return nll
+
+
+def _part_logits(hidden, part):
+    bias = None if part.bias is None else part.bias[part.start : part.end]
+    return F.linear(hidden, part.weight[part.start : part.end], bias)
+
+
+def _cast(softmax, dtype):
+    parts = tuple(part._replace(weight=part.weight.to(dtype), bias=_to(part.bias, dtype)) for part in softmax.parts)
+    return softmax._replace(hidden=softmax.hidden.to(dtype), parts=parts)
+
+
+def _to(tensor, dtype):
+    return None if tensor is None else tensor.to(dtype)
+
+
+def _tensor_layout(softmaxes):
+    """(the distinct tensors that may need gradients, the softmaxes with those tensors replaced by their index):
+    autograd sees each tensor once, so that a weight shared by several softmaxes gets one gradient."""
+    tensors, index = [], {}
+
+    def slot(tensor):
+        if tensor is None:
+            return None
+        if id(tensor) not in index:
+            index[id(tensor)] = len(tensors)
+            tensors.append(tensor)
+        return index[id(tensor)]
+
+    layout = [
+        softmax._replace(hidden=slot(softmax.hidden),
+                         parts=tuple(part._replace(weight=slot(part.weight), bias=slot(part.bias)) for part in softmax.parts))
+        for softmax in softmaxes
+    ]  # fmt: skip
+    return tensors, layout
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, layout, num_rows, *tensors):
+        gradients = _zero_gradients(tensors, ctx.needs_input_grad[2:])
+        nll = torch.zeros(num_rows, dtype=_softmax_dtype(tensors), device=tensors[0].device)
+        _accumulate(layout, tensors, nll, gradients if any(ctx.needs_input_grad[2:]) else None, row_weights=None)
+        ctx.save_for_backward(*tensors)
+        ctx.layout, ctx.gradients = [softmax._replace(logits=None) for softmax in layout], gradients
+        return nll
+
+    @staticmethod
+    def backward(ctx, grad_nll):
+        tensors, gradients = ctx.saved_tensors, ctx.gradients
+        weight = _common_value(grad_nll, ctx.layout)
+        if weight is not None and gradients is not None:
+            ctx.gradients = None  # (scaled in place, so once: a second backward pass recomputes them)
+            for gradient in gradients:
+                if gradient is not None:
+                    gradient.mul_(weight)
+        else:
+            gradients = _zero_gradients(tensors, ctx.needs_input_grad[2:])
+            _accumulate(ctx.layout, tensors, None, gradients, row_weights=grad_nll)
+        return None, None, *gradients
+
+
+def _zero_gradients(tensors, needs_grad):
+    return [torch.zeros_like(tensor) if need else None for tensor, need in zip(tensors, needs_grad)]
+
+
+def _softmax_dtype(tensors):
+    return torch.promote_types(tensors[0].dtype, torch.float32)
+
+
+def _common_value(grad_nll, layout):
+    """The incoming gradient of every scored row when they are all the same (a 0-dim tensor), else None."""
+    scored = [grad_nll if softmax.rows is None else grad_nll[softmax.rows] for softmax in layout]
+    first = scored[0].reshape(-1)[:1]
+    if all(bool((values == first).all()) for values in scored):
+        return first.squeeze(0) if first.numel() else grad_nll.new_zeros(())
+    return None
+
+
+def _accumulate(layout, tensors, nll, gradients, row_weights):
+    """Score every softmax chunk by chunk of rows: add -log p(target) to `nll` (unless None) and, unless
+    `gradients` is None, the gradient (softmax - onehot) [times each row's weight] through the output layer."""
+    for softmax in layout:
+        hidden, target, parts = tensors[softmax.hidden], softmax.target, softmax.parts
+        columns = _columns(parts)
+        chunk = max(1, min(hidden.shape[0], CHUNK_ELEMENTS // columns[-1][1]))
+        buffer = torch.empty(chunk, columns[-1][1], dtype=_softmax_dtype(tensors), device=hidden.device)
+        for first in range(0, hidden.shape[0], chunk):
+            last = min(first + chunk, hidden.shape[0])
+            rows = slice(first, last) if softmax.rows is None else softmax.rows[first:last]
+            log_p, chunk_target = buffer[: last - first], target[first:last, None]
+            ignored = chunk_target == IGNORE_INDEX
+            ignored = ignored if ignored.any() else None
+            if ignored is not None:
+                chunk_target = chunk_target.masked_fill(ignored, 0)
+            if softmax.logits is not None:
+                log_p.copy_(softmax.logits[first:last])
+            else:
+                for part, (left, right) in zip(parts, columns):
+                    _addmm_into(log_p[:, left:right], _bias(tensors, part), hidden[first:last], _weight(tensors, part))
+            torch.log_softmax(log_p, -1, out=log_p)  # (in place: the kernel works row by row)
+            if nll is not None:
+                target_log_p = log_p.gather(1, chunk_target)
+                _add_rows(nll, rows, -(target_log_p if ignored is None else target_log_p.masked_fill(ignored, 0)).squeeze(1))
+            if gradients is None:
+                continue
+            gradient = log_p.exp_()  # dNLL / dlogits = softmax - onehot(target)
+            gradient.scatter_add_(1, chunk_target, torch.full(chunk_target.shape, -1.0, dtype=gradient.dtype))
+            if row_weights is not None:
+                gradient.mul_(row_weights[rows, None])
+            if ignored is not None:
+                gradient.masked_fill_(ignored, 0.0)
+            gradient = gradient.to(hidden.dtype)
+            for part, (left, right) in zip(parts, columns):
+                part_gradient, weight = gradient[:, left:right], _weight(tensors, part)
+                if gradients[softmax.hidden] is not None:
+                    gradients[softmax.hidden][first:last].addmm_(part_gradient, weight)
+                if gradients[part.weight] is not None:
+                    gradients[part.weight][part.start : part.end].addmm_(part_gradient.t(), hidden[first:last])
+                if part.bias is not None and gradients[part.bias] is not None:
+                    gradients[part.bias][part.start : part.end].add_(part_gradient.sum(0))
+
+
+def _columns(parts):
+    """[(first, last column)] of each part in the softmax's logits."""
+    columns, left = [], 0
+    for part in parts:
+        columns.append((left, left + part.end - part.start))
+        left += part.end - part.start
+    return columns
+
+
+def _weight(tensors, part):
+    return tensors[part.weight][part.start : part.end]
+
+
+def _bias(tensors, part):
+    return None if part.bias is None else tensors[part.bias][part.start : part.end]
+
+
+def _addmm_into(out, bias, hidden, weight):
+    """out = hidden weight^T + bias, by the GEMM itself when the dtypes allow (else a copy of the product)."""
+    if out.dtype != hidden.dtype:
+        return out.copy_(F.linear(hidden, weight, bias))
+    if bias is None:
+        return torch.mm(hidden, weight.t(), out=out)
+    return torch.addmm(bias, hidden, weight.t(), out=out)
+
+
+def _add_rows(nll, rows, values):
+    if isinstance(rows, slice):
+        nll[rows] += values
+    else:
+        nll.index_add_(0, rows, values)

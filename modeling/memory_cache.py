@@ -109,6 +109,18 @@ class GrowingTensor:
         self.length -= count
 
 
+def key_values_over(memory: torch.Tensor | None, segment: torch.Tensor, project):
+    """Keys and values [B, H, m + q, D] of [memory; segment], `project` mapping [B, L, d] to keys and values
+    [B, H, L, D]. The two parts are projected apart and the results joined: joining the inputs instead would make
+    one more [B, m + q, d] copy, kept for the backward pass as the projection's input, and leave the keys as
+    strided views, which every attention product would copy again."""
+    key, value = project(segment)
+    if memory is None:
+        return key, value
+    memory_key, memory_value = project(memory)
+    return torch.cat([memory_key, key], dim=2), torch.cat([memory_value, value], dim=2)
+
+
 class MemoryLayer:
     """One layer's memory: hidden states [B, m, d] and, when known, their keys and values [B, H, m, D]; also the
     layer's projected position keys."""

@@ -24,7 +24,7 @@ from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAda
 from .configuration_transfo_xl import TransfoXLConfig
 from .decoding_linear import DecodingLinear, linear
 from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
-from .memory_cache import MemoryCache, MemoryLayer
+from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     RelativePositions,
     causal_memory_mask,
@@ -185,8 +185,7 @@ class TransfoXLAttention(nn.Module):
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(hidden))
         else:
-            context = hidden if memory is None else torch.cat([memory, hidden], dim=1)
-            key, value = self.project_keys_values(context)
+            key, value = key_values_over(memory, hidden, self.project_keys_values)
 
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:

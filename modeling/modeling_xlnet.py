@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
@@ -48,8 +49,8 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
-from .cross_entropy import reduced_cross_entropy
-from .memory_cache import MemoryCache, MemoryLayer
+from .cross_entropy import IGNORE_INDEX, Softmax, SoftmaxPart, linear_cross_entropy, reduce_nll, reduced_cross_entropy
+from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     causal_memory_mask,
     RelativePositions,
@@ -258,8 +259,8 @@ class XLNetRelativeAttention(nn.Module):
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
-            context = content if memory is None else torch.cat([memory.to(content.dtype), content], dim=1)
-            key, value = self.project_keys_values(context)
+            memory = None if memory is None else memory.to(content.dtype)
+            key, value = key_values_over(memory, content, self.project_keys_values)
 
         # Both streams share the projections: the rows of h and g go through q and o together, so a decoding step
         # reads each weight once.
@@ -301,6 +302,17 @@ class XLNetRelativeAttention(nn.Module):
         return content_out, query_out, probs, (key, value)
 
 
+def _save_products(*_):
+    """Selective activation checkpointing: keep what matrix products make, recompute the rest (see
+    `XLNetFeedForward._activation_and_output`)."""
+    return create_selective_checkpoint_contexts(
+        lambda ctx, op, *args, **kwargs: CheckpointPolicy.MUST_SAVE if op in _PRODUCTS else CheckpointPolicy.PREFER_RECOMPUTE
+    )
+
+
+_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
 class XLNetFeedForward(nn.Module):
     """Position-wise feed-forward with residual and post layer norm, applied to both streams with shared weights."""
 
@@ -314,9 +326,18 @@ class XLNetFeedForward(nn.Module):
         self.activation_function = ACT2FN[activation] if isinstance(activation, str) else activation
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        output = self.dropout(self.activation_function(self.layer_1(hidden)))
-        output = self.dropout(self.layer_2(output))
-        return self.layer_norm(output + hidden)
+        inner = self.layer_1(hidden)
+        if torch.is_grad_enabled() and inner.requires_grad and not torch.compiler.is_compiling():
+            output = checkpoint(self._activation_and_output, inner, use_reentrant=False, context_fn=_save_products)
+        else:
+            output = self._activation_and_output(inner)
+        return self.layer_norm(self.dropout(output) + hidden)
+
+    def _activation_and_output(self, inner: torch.Tensor) -> torch.Tensor:
+        """layer_2(dropout(activation(inner))). With gradients, the activation is recomputed in the backward pass
+        from `inner` (saved as this function's input) instead of being stored too: a [B, L, d_inner] tensor less
+        per layer for an elementwise pass (the products are stored, as usual)."""
+        return self.layer_2(self.dropout(self.activation_function(inner)))
 
 
 class XLNetLayer(GradientCheckpointingLayer):
@@ -876,11 +897,19 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             return_dict=True,
             **kwargs,
         )
-        logits = self.lm_loss(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
+        hidden = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        logits = self.lm_loss(hidden)
         loss = None
         if labels is not None:
+
+            def language_model_loss(flat_hidden, target, reduction):
+                # (the loss and its gradients in chunks of rows, from the logits already made: see cross_entropy.py)
+                softmax = Softmax(flat_hidden, target, (SoftmaxPart(self.lm_loss.weight, self.lm_loss.bias, 0, logits.shape[-1]),),
+                                  logits=logits.reshape(-1, logits.shape[-1]))  # fmt: skip
+                return reduce_nll(linear_cross_entropy([softmax], target.shape[0]), target != IGNORE_INDEX, reduction)
+
             loss = _loss_sum_or_mean(
-                reduced_cross_entropy, logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), num_items_in_batch
+                language_model_loss, hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1), num_items_in_batch
             )
         return XLNetLMHeadModelOutput(
             loss=loss,

@@ -285,18 +285,15 @@ class _TrainingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, content_bias, position_keys, position_bias, score_bias, mask, offset, causal,
                 block, dropout):  # fmt: skip
-        length, key_length, scale = query.shape[2], key.shape[2], query.shape[-1] ** -0.5
-        content_query = (query if content_bias is None else query + content_bias[:, None, :]) * scale
-        position_query = None
-        if position_keys is not None:
-            position_query = query if position_bias is None else query + position_bias[:, None, :]
+        length, key_length = query.shape[2], key.shape[2]
         lowest = torch.finfo(query.dtype).min
         outputs, saved = [], []
         for start, end, keys, first in _blocks(length, key_length, block, causal):
-            scores = torch.matmul(content_query[:, :, start:end], key[:, :, :keys].transpose(-1, -2))
+            content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
+            scores = torch.matmul(content_query, key[:, :, :keys].transpose(-1, -2))
             if position_keys is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
                 scores.add_(relative_position_scores(
-                    position_query[:, :, start:end], position_keys[..., first:, :], None, keys, offset - first - start
+                    position_query, position_keys[..., first:, :], None, keys, offset - first - start
                 ))  # fmt: skip
             if score_bias is not None:
                 scores.add_(_rows(score_bias, start, end, keys))
@@ -309,19 +306,18 @@ class _TrainingAttention(torch.autograd.Function):
                 saved.append(kept)
             outputs.append(torch.matmul(probs if kept is None else probs * kept / (1 - dropout), value[:, :, :keys]))
             saved.append(probs)
-        ctx.save_for_backward(content_query, position_query, key, value, position_keys, *saved)
+        ctx.save_for_backward(query, content_bias, position_bias, key, value, position_keys, *saved)
         ctx.score_bias_shape = None if score_bias is None else score_bias.shape
-        ctx.has = (content_bias is not None, position_bias is not None)
         ctx.offset, ctx.causal, ctx.block, ctx.dropout = offset, causal, block, dropout
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 
     @staticmethod
     def backward(ctx, grad_output):
-        content_query, position_query, key, value, position_keys, *saved = ctx.saved_tensors
-        length, key_length, scale = content_query.shape[2], key.shape[2], content_query.shape[-1] ** -0.5
-        grad_content = torch.empty_like(content_query)
-        grad_key, grad_value = torch.zeros_like(key), torch.zeros_like(value)
-        grad_position = None if position_keys is None else torch.empty_like(position_query)
+        query, content_bias, position_bias, key, value, position_keys, *saved = ctx.saved_tensors
+        length, key_length, scale = query.shape[2], key.shape[2], query.shape[-1] ** -0.5
+        grad_query = query.new_empty(query.shape)
+        grad_key, grad_value = key.new_zeros(key.shape), value.new_zeros(value.shape)  # (contiguous: _accumulate_product)
+        grad_position = None if position_keys is None else query.new_empty(query.shape)
         grad_position_keys = None if position_keys is None else torch.zeros_like(position_keys)
         grad_score_bias = None
         if ctx.score_bias_shape is not None and ctx.needs_input_grad[6]:
@@ -331,32 +327,46 @@ class _TrainingAttention(torch.autograd.Function):
         for index, (start, end, keys, first) in enumerate(blocks):
             *kept, probs = saved[per_block * index : per_block * (index + 1)]
             kept = kept[0] if kept else None
+            content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
             d_out = grad_output[:, :, start:end]
             kept_probs = probs if kept is None else probs * kept / (1 - ctx.dropout)
-            grad_value[:, :, :keys] += torch.matmul(kept_probs.transpose(-1, -2), d_out)
+            _accumulate_product(grad_value[:, :, :keys], kept_probs.transpose(-1, -2), d_out)
             d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2))
             if kept is not None:
                 d_probs = d_probs.mul_(kept).div_(1 - ctx.dropout)
-            d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)  # masked cells: P = 0, dS = 0
-            grad_content[:, :, start:end] = torch.matmul(d_scores, key[:, :, :keys])
-            grad_key[:, :, :keys] += torch.matmul(d_scores.transpose(-1, -2), content_query[:, :, start:end])
+            # dS = P * (dP - rowsum(dP * P)), written over dP (masked cells: P = 0, dS = 0)
+            d_scores = torch.ops.aten._softmax_backward_data.out(d_probs, probs, -1, probs.dtype, grad_input=d_probs)
+            torch.matmul(d_scores, key[:, :, :keys], out=grad_query[:, :, start:end])
+            _accumulate_product(grad_key[:, :, :keys], d_scores.transpose(-1, -2), content_query)
             if grad_score_bias is not None:
                 _rows(grad_score_bias, start, end, keys).add_(_sum_to(d_scores, _rows(grad_score_bias, start, end, keys)))
             if position_keys is not None:
-                query_rows = position_query[:, :, start:end]
                 d_shifted = _keys_layout(d_scores, position_keys)
                 unshifted_shape = (*d_shifted.shape[:-1], position_keys.shape[-2] - first)
                 d_unshifted = _unshift(d_shifted, unshifted_shape, keys, ctx.offset - first - start)
-                d_query, d_keys = _position_products_backward(d_unshifted, query_rows, position_keys[..., first:, :])
+                d_query, d_keys = _position_products_backward(d_unshifted, position_query, position_keys[..., first:, :])
                 grad_position[:, :, start:end] = d_query
                 grad_position_keys[..., first:, :] += d_keys
-        grad_content = grad_content.mul_(scale)
-        grad_query = grad_content if grad_position is None else grad_content + grad_position
-        has_content_bias, has_position_bias = ctx.has
-        grad_content_bias = grad_content.sum((0, 2)) if has_content_bias else None
-        grad_position_bias = grad_position.sum((0, 2)) if has_position_bias else None
+        grad_content = grad_query.mul_(scale)  # (the gradient of the content query (q + u) / sqrt(d), so far)
+        grad_content_bias = grad_content.sum((0, 2)) if content_bias is not None else None
+        grad_position_bias = grad_position.sum((0, 2)) if position_bias is not None else None
+        if grad_position is not None:
+            grad_query.add_(grad_position)
         return (grad_query, grad_key, grad_value, grad_content_bias, grad_position_keys, grad_position_bias,
                 grad_score_bias, None, None, None, None, None)  # fmt: skip
+
+
+def _biased_queries(query, content_bias, position_bias):
+    """(content query (q + u) / sqrt(d), position query q + v) of some query rows (the biases may be None)."""
+    content_query = (query if content_bias is None else query + content_bias[:, None, :]) * query.shape[-1] ** -0.5
+    position_query = query if position_bias is None else query + position_bias[:, None, :]
+    return content_query, position_query
+
+
+def _accumulate_product(out, a, b):
+    """out += a @ b for [B, H, m, n] operands, in place: `out`, a slice of a contiguous gradient, is viewed (never
+    copied) as one batch of [m, n] matrices."""
+    out.view(-1, *out.shape[2:]).baddbmm_(a.flatten(0, 1), b.flatten(0, 1))
 
 
 def _position_products_backward(d_unshifted, query, position_keys):
