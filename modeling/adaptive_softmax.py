@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy
+from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy, softmax_dtype
 from .decoding_linear import MAX_ROWS, linear
 
 
@@ -129,7 +129,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     @staticmethod
     def _logits(hidden, weight, bias, proj, out=None):
-        """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32; with `out` (a column
+        """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32 or wider; with `out` (a column
         slice of the output) written there, by the GEMM itself where it can (fp32 in eager mode, more rows than a
         decoding step's)."""
         hidden = hidden if proj is None else hidden @ proj
@@ -141,7 +141,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             and not torch.compiler.is_compiling()
         ):
             return torch.addmm(bias, hidden, weight.t(), out=out)
-        logits = linear(hidden, weight, bias).float()
+        logits = linear(hidden, weight, bias).to(softmax_dtype(hidden.dtype))
         return logits if out is None else out.copy_(logits)
 
     def _head_cluster(self, clusters):
@@ -153,7 +153,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return weight, bias, proj
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32).
+        """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32, or fp64).
 
         log p(w) = log_softmax(head logits) for a head word; log p(cluster | h) + log_softmax(cluster logits) for a
         tail word. Without gradients each cluster's logits are written straight into their columns of the output and
@@ -167,7 +167,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 tail = torch.log_softmax(self._logits(hidden, *clusters[cluster]), -1)
                 pieces.append(tail + head[:, head_end + cluster - 1, None])
             return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
-        output = torch.empty(hidden.shape[0], self.vocab_size, dtype=torch.float32, device=hidden.device)
+        output = torch.empty(hidden.shape[0], self.vocab_size, dtype=softmax_dtype(hidden.dtype), device=hidden.device)
         # The head softmax (head words, then one logit per tail cluster) is normalised in the output's first columns;
         # the tail clusters' log-probabilities are kept aside before the first tail cluster overwrites them.
         head = _log_softmax_(self._logits(hidden, *self._head_cluster(clusters), out=output[:, : self.head_size]))
@@ -179,7 +179,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return output
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32).
+        """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32 or wider).
 
         -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target is
         the word itself or its cluster's column) plus, for a tail word, one over its cluster, scored only for the rows

@@ -16,6 +16,11 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100  # (transformers' label for "no target here")
 
 
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a softmax is computed in: fp32, or fp64 for fp64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class _SoftmaxCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, valid):
@@ -46,7 +51,7 @@ def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_ind
             "and [N]."
         )
     valid = target != ignore_index
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.to(softmax_dtype(logits.dtype))
     return _SoftmaxCrossEntropy.apply(logits, target.where(valid, 0), valid.to(logits.dtype))
 
 
@@ -94,9 +99,9 @@ class Softmax(NamedTuple):
     logits: torch.Tensor | None = None
 
 
-# Logits per chunk of rows: 32 MiB in fp32, reused by every chunk (fresh tensors cost their page faults on CPU).
+# Logits per chunk of rows: 16 MiB in fp32, reused by every chunk (fresh tensors cost their page faults on CPU).
 # Fewer rows per chunk would add passes over the weight gradient, which every chunk accumulates into.
-CHUNK_ELEMENTS = 1 << 23
+CHUNK_ELEMENTS = 1 << 21
 
 
 def linear_cross_entropy(softmaxes: list[Softmax], num_rows: int) -> torch.Tensor:
@@ -172,7 +177,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, layout, num_rows, *tensors):
         gradients = _zero_gradients(tensors, ctx.needs_input_grad[2:])
-        nll = torch.zeros(num_rows, dtype=_softmax_dtype(tensors), device=tensors[0].device)
+        nll = torch.zeros(num_rows, dtype=softmax_dtype(tensors[0].dtype), device=tensors[0].device)
         _accumulate(layout, tensors, nll, gradients if any(ctx.needs_input_grad[2:]) else None, row_weights=None)
         ctx.save_for_backward(*tensors)
         ctx.layout, ctx.gradients = [softmax._replace(logits=None) for softmax in layout], gradients
@@ -197,10 +202,6 @@ def _zero_gradients(tensors, needs_grad):
     return [torch.zeros_like(tensor) if need else None for tensor, need in zip(tensors, needs_grad)]
 
 
-def _softmax_dtype(tensors):
-    return torch.promote_types(tensors[0].dtype, torch.float32)
-
-
 def _common_value(grad_nll, layout):
     """The incoming gradient of every scored row when they are all the same (a 0-dim tensor), else None."""
     scored = [grad_nll if softmax.rows is None else grad_nll[softmax.rows] for softmax in layout]
@@ -217,7 +218,7 @@ def _accumulate(layout, tensors, nll, gradients, row_weights):
         hidden, target, parts = tensors[softmax.hidden], softmax.target, softmax.parts
         columns = _columns(parts)
         chunk = max(1, min(hidden.shape[0], CHUNK_ELEMENTS // columns[-1][1]))
-        buffer = torch.empty(chunk, columns[-1][1], dtype=_softmax_dtype(tensors), device=hidden.device)
+        buffer = torch.empty(chunk, columns[-1][1], dtype=softmax_dtype(tensors[0].dtype), device=hidden.device)
         for first in range(0, hidden.shape[0], chunk):
             last = min(first + chunk, hidden.shape[0])
             rows = slice(first, last) if softmax.rows is None else softmax.rows[first:last]

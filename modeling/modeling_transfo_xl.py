@@ -217,7 +217,7 @@ class TransfoXLFeedForward(nn.Module):
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
             DecodingLinear(config.d_model, config.d_inner),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.Dropout(config.dropout),
             DecodingLinear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),

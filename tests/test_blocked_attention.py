@@ -22,7 +22,8 @@ def blocks_of(monkeypatch):
     """Make blocks of `rows` query rows for inputs of `keys` keys (the default size gives tests a single block)."""
 
     def set_rows(rows, keys=MEMORY + QUERIES, batch=BATCH, heads=HEADS):
-        monkeypatch.setattr(attention, "SCORE_BLOCK_ELEMENTS", batch * heads * keys * rows)
+        for name in ("SCORE_BLOCK_ELEMENTS", "STORED_BLOCK_ELEMENTS"):  # (without, with gradients)
+            monkeypatch.setattr(attention, name, batch * heads * keys * rows)
 
     return set_rows
 

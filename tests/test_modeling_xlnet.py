@@ -295,6 +295,34 @@ def test_mems_over_two_segments_match_transformers(config_name, mem_len, reuse_l
                         target_mapping=target_mapping, attention_mask=attention_mask[:, :6], use_mems=True)
 
 
+@pytest.mark.parametrize("config_name", ["bi", "bi_data"])
+@pytest.mark.parametrize("head", ["language model", "permutation"])
+def test_training_gradients_match_transformers(config_name, head):
+    """The loss and every parameter's gradient of a training step with memory (our written-out attention backward,
+    linear cross-entropy and recomputed feed-forward activation) equal transformers' autograd ones."""
+    reference, model = make_pair("XLNetLMHeadModel", mem_len=5, **CONFIGS[config_name])
+    with torch.no_grad():
+        mems = reference(input_ids=ids(2, 7, seed=1), use_mems=True).mems
+    inputs = dict(input_ids=ids(2, 6, seed=2), mems=mems, use_mems=True,
+                  token_type_ids=torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0]]))  # fmt: skip
+    if head == "permutation":
+        inputs["perm_mask"], inputs["target_mapping"] = plm_inputs(2, 6, 2)
+        inputs["labels"] = ids(2, 2, seed=3)
+    else:
+        inputs["labels"] = inputs["input_ids"].masked_fill(torch.tensor([[0, 0, 1, 0, 0, 0]] * 2).bool(), -100)
+    gradients = []
+    for side in (reference, model):
+        side.train()
+        loss = side(**inputs).loss
+        loss.backward()
+        gradients.append((loss, {name: p.grad for name, p in side.named_parameters() if p.grad is not None}))
+    (expected_loss, expected), (loss, actual) = gradients
+    assert_close(expected_loss, loss)
+    assert expected.keys() == actual.keys()
+    for name, gradient in expected.items():
+        assert_close(gradient, actual[name], path=name)
+
+
 def test_attention_probabilities_and_eager_path_match():
     """output_attentions=True takes the eager path: same probabilities as transformers, same outputs as fused."""
     reference, model = make_pair("XLNetLMHeadModel", attn_type="uni")
