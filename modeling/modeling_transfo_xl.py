@@ -11,6 +11,7 @@ inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. 
 
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,14 @@ class TransfoXLPositionalEmbedding(nn.Module):
         return sinusoid_encoding(positions, self.inv_freq)
 
 
+class FoldedMask(NamedTuple):
+    """Transformer-XL's causal mask (and `same_length`'s) as the attention folds it into its position scores: keys
+    at negative distances and the `masked_far` farthest distances listed score the lowest value (see
+    `RelativePositions`)."""
+
+    masked_far: int
+
+
 class TransfoXLAttention(nn.Module):
     """Multi-head attention of a segment over [memory; segment], with the position scheme of `attn_type`.
 
@@ -142,7 +151,7 @@ class TransfoXLAttention(nn.Module):
         keys = self.r_net(position_embedding) * self.d_head**-0.5
         return self._heads(keys[None])[0].contiguous()
 
-    def _position_terms(self, query, key_length, position_keys, r_r_bias):
+    def _position_terms(self, query, key_length, position_keys, r_r_bias, folded_mask):
         """Terms (b)+(d) of the scores, scaled by 1/sqrt(D): (RelativePositions, None) for attn_type 0, computed by
         `relative_attention` per block of queries; (None, [B, H, q, k] scores) for attn_type 1; (None, None) for the
         absolute types.
@@ -151,7 +160,8 @@ class TransfoXLAttention(nn.Module):
         read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
         offset = query.shape[2] - 1
         if self.attn_type == 0:
-            return RelativePositions(position_keys, r_r_bias, offset), None
+            masked_far = None if folded_mask is None else folded_mask.masked_far
+            return RelativePositions(position_keys, r_r_bias, offset, masked_far), None
         if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
             if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
@@ -177,7 +187,7 @@ class TransfoXLAttention(nn.Module):
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
         depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The
-        returned keys / values cover [memory; segment].
+        returned keys / values cover [memory; segment]. `mask`: boolean, or a FoldedMask (attn_type 0).
         """
         query_length = hidden.shape[1]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
@@ -190,7 +200,8 @@ class TransfoXLAttention(nn.Module):
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
-        positions, position_scores = self._position_terms(query, key.shape[2], position_keys, r_r_bias)
+        folded_mask = mask if isinstance(mask, FoldedMask) else None
+        positions, position_scores = self._position_terms(query, key.shape[2], position_keys, r_r_bias, folded_mask)
         attention, probs = relative_attention(
             query,
             key,
@@ -198,7 +209,7 @@ class TransfoXLAttention(nn.Module):
             content_bias=r_w_bias,
             positions=positions,
             score_bias=position_scores,
-            mask=mask,
+            mask=None if folded_mask is not None else mask,
             causal=True,
             dropout=self.dropatt if self.training else 0.0,
             output_attentions=output_attentions,
@@ -407,12 +418,19 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
         and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
         whole history; its last columns are then the newest memory positions and the segment. Memory positions
-        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended."""
+        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended.
+
+        Without padding and with attn_type 0, a FoldedMask instead: the attention folds the same mask into its
+        position scores, which saves a pass over the scores per layer."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
         if span is None:
             overflow = key_length - self.config.mem_len  # keys beyond mem_len (legacy `same_length` span)
             span = query_length - overflow if overflow > 0 else query_length
+        if self.config.attn_type == 0 and attention_mask is None:
+            # same_length masks keys j <= i - span of query i (at position m + i): the distances m + span and above,
+            # the first q - span of the k + 1 listed (k - 1 ... -1)
+            return FoldedMask(max(0, query_length - span) if self.config.same_length else 0)
         mask = causal_memory_mask(query_length, memory_length, self.config.same_length, span, device=device)
         mask = mask[None, None]
         if attention_mask is not None:

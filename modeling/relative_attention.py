@@ -99,6 +99,7 @@ def relative_position_scores(
     position_bias: torch.Tensor | None,
     key_length: int,
     offset: int,
+    masked_far: int | None = None,
 ) -> torch.Tensor:
     """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [B, H, q, key_length].
 
@@ -106,23 +107,42 @@ def relative_position_scores(
     - position_keys: `W_kR R` for the R relative distances in decreasing order, projected once for the whole batch
       and pre-scaled by 1/sqrt(d) if the scores are to be (`relative_attention` takes scaled score biases): [H, R, d]
       for every batch row, or [G, 1, H, R, d] for G equal groups of rows (XLNet's `bi_data`: forward and backward);
-    - key_length, offset: as in `relative_shift`.
+    - key_length, offset: as in `relative_shift`;
+    - masked_far: None, or a causal mask folded into these scores (see `RelativePositions`).
     """
     if position_bias is not None:
         query = query + position_bias[:, None, :].to(query.dtype)
-    scores = _unshifted_position_scores(query, position_keys)
+    scores = _unshifted_position_scores(query, position_keys, masked_far)
     return _batch_first(relative_shift(scores, key_length, offset), position_keys)
 
 
-def _unshifted_position_scores(query, position_keys):
+def _unshifted_position_scores(query, position_keys, masked_far=None):
     """(q_i + v)^T W_kR R_r for every query and distance, in the keys' layout: [H, B, q, R] for keys shared by every
     row (one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones, which would also copy the keys B times), or
-    [G, B/G, H, q, R] for grouped keys."""
+    [G, B/G, H, q, R] for grouped keys.
+
+    With `masked_far` (an int) the distance -1 and q - 1 more below it read the lowest value instead, and so do the
+    first `masked_far` distances listed: [H, B, q, R - 1 + q]. The shift reads query i's future keys j > k - q + i
+    from exactly those extra columns (at most q - 1 of them, the first query's), and the keys at the masked far
+    distances from those first columns, so the shifted view is the masked scores, with no mask pass."""
     if position_keys.dim() == 5:
+        if masked_far is not None:
+            raise ValueError("relative_position_scores: a folded mask needs position keys shared by every row.")
         return torch.matmul(query.unflatten(0, (position_keys.shape[0], -1)), position_keys.transpose(-1, -2))
     batch, heads, length, dim = query.shape
     folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
-    return torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
+    if masked_far is None:
+        return torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
+    distances = position_keys.shape[-2] - 1  # (those at 0 and above)
+    attended, lowest = slice(masked_far, distances), torch.finfo(query.dtype).min
+    if torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad):  # (autograd has no out=)
+        scores = F.pad(torch.matmul(folded, position_keys[:, attended].transpose(-1, -2)), (masked_far, length),
+                       value=lowest)  # fmt: skip
+    else:  # (the product written into its columns: no padded copy)
+        scores = query.new_empty(heads, batch * length, distances + length)
+        torch.matmul(folded, position_keys[:, attended].transpose(-1, -2), out=scores[..., attended])
+        scores[..., :masked_far] = scores[..., distances:] = lowest
+    return scores.view(heads, batch, length, -1)
 
 
 def _batch_first(scores, position_keys):
@@ -137,11 +157,21 @@ def _keys_layout(scores, position_keys):
 
 class RelativePositions(NamedTuple):
     """Terms (b)+(d) of the scores, for `relative_attention` to compute block by block: the position keys and bias v
-    and the shift offset of `relative_position_scores` for the whole query range."""
+    and the shift offset of `relative_position_scores` for the whole query range. `masked_far`, unless None, folds
+    a causal mask into them instead of a boolean mask (keys listed down to distance -1, Transformer-XL's): keys at
+    negative distances score the lowest value, and so do those at the first `masked_far` distances listed, the
+    farthest (`same_length`'s mask, which is the same distances for every query)."""
 
     keys: torch.Tensor
     bias: torch.Tensor | None
     offset: int
+    masked_far: int | None = None
+
+    def block(self, first: int) -> "RelativePositions":
+        """For a block of queries reading the distances from column `first` on (see `_blocks`); the offset is the
+        caller's to adjust."""
+        masked_far = None if self.masked_far is None else max(0, self.masked_far - first)
+        return self._replace(keys=self.keys[..., first:, :], masked_far=masked_far)
 
 
 # Scores [B, H, rows, keys] are made for this many elements at a time (16 MiB in fp32): queries go through the
@@ -194,9 +224,10 @@ def relative_attention(
     for start, end, keys, first in _blocks(length, key.shape[2], block, causal):
         bias = None
         if positions is not None:
+            block_positions = positions.block(first)
             bias = relative_position_scores(
-                query[:, :, start:end], positions.keys[..., first:, :], positions.bias, keys,
-                positions.offset - first - start,
+                query[:, :, start:end], block_positions.keys, positions.bias, keys,
+                positions.offset - first - start, block_positions.masked_far,
             )  # fmt: skip
         if score_bias is not None:
             rows = _rows(score_bias, start, end, keys)
@@ -267,11 +298,13 @@ def _training_attention(query, key, value, content_bias, positions, score_bias, 
     would have run the products (the function runs with autocast off, so that its backward sees the same dtypes)."""
     device = query.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
-    position_keys, position_bias, offset = positions if positions is not None else (None, None, 0)
+    position_keys, position_bias, offset, masked_far = positions if positions is not None else (None, None, 0, None)
     tensors = [t if t is None else t.to(dtype) for t in (query, key, value, content_bias, position_keys,
                                                          position_bias, score_bias)]  # fmt: skip
     with torch.autocast(device, enabled=False):
-        return _TrainingAttention.apply(*tensors, mask, offset, causal, _block_rows(query, key, STORED_BLOCK_ELEMENTS), dropout)
+        block = _block_rows(query, key, STORED_BLOCK_ELEMENTS)
+        return _TrainingAttention.apply(*tensors, mask, RelativePositions(None, None, offset, masked_far), causal, block,
+                                        dropout)  # fmt: skip
 
 
 class _TrainingAttention(torch.autograd.Function):
@@ -287,8 +320,10 @@ class _TrainingAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, content_bias, position_keys, position_bias, score_bias, mask, offset, causal,
+    def forward(ctx, query, key, value, content_bias, position_keys, position_bias, score_bias, mask, positions, causal,
                 block, dropout):  # fmt: skip
+        # (`positions`: RelativePositions' offset and folded mask; its tensors are inputs of their own, for autograd)
+        positions, offset = positions._replace(keys=position_keys), positions.offset
         length, key_length = query.shape[2], key.shape[2]
         lowest = torch.finfo(query.dtype).min
         outputs, saved = [], []
@@ -296,8 +331,9 @@ class _TrainingAttention(torch.autograd.Function):
             content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
             scores = torch.matmul(content_query, key[:, :, :keys].transpose(-1, -2))
             if position_keys is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
+                block_positions = positions.block(first)
                 scores.add_(relative_position_scores(
-                    position_query, position_keys[..., first:, :], None, keys, offset - first - start
+                    position_query, block_positions.keys, None, keys, offset - first - start, block_positions.masked_far
                 ))  # fmt: skip
             if score_bias is not None:
                 scores.add_(_rows(score_bias, start, end, keys))

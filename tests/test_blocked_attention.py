@@ -12,6 +12,7 @@ import transformers_xl.modeling.relative_attention as attention
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 from transformers_xl.modeling.cross_entropy import reduced_cross_entropy, softmax_cross_entropy
+from transformers_xl.modeling.modeling_transfo_xl import FoldedMask
 from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
 
 BATCH, HEADS, QUERIES, MEMORY, DIM = 4, 3, 10, 6, 8
@@ -150,6 +151,19 @@ def test_transfo_xl_in_blocks_equals_one_block(blocks_of, attn_type):
     expected = two_segments(model)
     blocks_of(3, keys=MEMORY + QUERIES, batch=2)
     for got, want in zip(two_segments(model), expected):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("same_length,span", [(False, None), (True, None), (True, 4)])
+@pytest.mark.parametrize("rows", [3, QUERIES])
+def test_transfo_xl_folded_causal_mask_equals_the_boolean_mask(blocks_of, same_length, span, rows):
+    """Without padding, attn_type 0 folds the causal (and same_length) mask into its position scores; an all-ones
+    attention_mask takes the boolean mask instead: the same log-probabilities, loss and gradients."""
+    model = transfo_xl(same_length=same_length, same_length_span=span)
+    blocks_of(rows, keys=MEMORY + QUERIES, batch=2)
+    folded = two_segments(model)
+    assert isinstance(model.transformer._attention_mask(QUERIES, MEMORY, None, "cpu"), FoldedMask)
+    for got, want in zip(folded, two_segments(model, attention_mask=torch.ones(2, QUERIES, dtype=torch.long))):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
 
 
