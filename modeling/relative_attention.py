@@ -135,7 +135,8 @@ def _unshifted_position_scores(query, position_keys, masked_far=None):
         return torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
     distances = position_keys.shape[-2] - 1  # (those at 0 and above)
     attended, lowest = slice(masked_far, distances), torch.finfo(query.dtype).min
-    if torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad):  # (autograd has no out=)
+    differentiable = torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad)
+    if differentiable or torch.compiler.is_compiling():  # (neither autograd nor a compiled graph takes out=)
         scores = F.pad(torch.matmul(folded, position_keys[:, attended].transpose(-1, -2)), (masked_far, length),
                        value=lowest)  # fmt: skip
     else:  # (the product written into its columns: no padded copy)
