@@ -220,6 +220,15 @@ class TransfoXLAttention(nn.Module):
         return output, probs, (key, value)
 
 
+class ReLUInPlaceWithoutGradients(nn.Module):
+    """ReLU, in place when no gradient is recorded (a fresh [B, L, d_inner] output costs its page faults). With
+    gradients it is out of place: the linear layer's output is a view, and autograd's in-place-on-a-view backward
+    (CopySlices) would copy and refill a gradient of that size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) if torch.is_grad_enabled() and x.requires_grad else torch.relu_(x)
+
+
 class TransfoXLFeedForward(nn.Module):
     """Position-wise feed-forward block with residual and (pre- or post-) layer norm; legacy names `CoreNet.{0,3}`."""
 
@@ -228,7 +237,7 @@ class TransfoXLFeedForward(nn.Module):
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
             DecodingLinear(config.d_model, config.d_inner),
-            nn.ReLU(),
+            ReLUInPlaceWithoutGradients(),
             nn.Dropout(config.dropout),
             DecodingLinear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),

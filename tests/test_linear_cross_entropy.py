@@ -66,6 +66,7 @@ def values_and_gradients(fn, tensors, targets, row_weights):
 @pytest.mark.parametrize("logits", [False, True])
 def test_equals_the_composition_in_values_and_gradients(monkeypatch, chunk_rows, weighting, logits):
     monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", chunk_rows * (7 + CLUSTERS))
+    monkeypatch.setattr(cross_entropy, "MIN_CHUNK_ROWS", 1)
     tensors, *targets = problem()
     row_weights = torch.full((ROWS,), 0.25, dtype=torch.float64) if weighting == "uniform" else torch.rand(ROWS).double()
     got = values_and_gradients(lambda *a: ours(*a, logits=logits), tensors, targets, row_weights)
