@@ -129,8 +129,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     @staticmethod
     def _logits(hidden, weight, bias, proj, out=None):
-        """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32 or wider; with `out` (a column
-        slice of the output) written there, by the GEMM itself where it can (fp32 in eager mode, more rows than a
+        """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32 or wider; with `out`
+        (a column slice of the output) written there, by the GEMM itself where it can (fp32 in eager mode, more rows than a
         decoding step's)."""
         hidden = hidden if proj is None else hidden @ proj
         if (
@@ -188,7 +188,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
         -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target is
         the word itself or its cluster's column) plus, for a tail word, one over its cluster, scored only for the rows
-        whose target falls in it (`linear_cross_entropy`: never an [N, vocabulary] tensor, with or without gradients)."""
+        whose target falls in it (`linear_cross_entropy`: never an [N, vocabulary] tensor, with or without
+        gradients)."""
         head_end = self.bounds[0][1]
         cluster_of = torch.bucketize(target, torch.tensor([end for _, end in self.bounds[:-1]], device=target.device),
                                      right=True)  # fmt: skip
@@ -200,7 +201,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         for cluster in range(1, len(self.bounds)):
             rows = (cluster_of == cluster).nonzero().squeeze(-1)
             tail_target = target[rows] - self.bounds[cluster][0]
-            softmaxes.append(Softmax(self._projected(hidden[rows], cluster), tail_target, self._softmax_parts(cluster), rows))
+            tail_hidden = self._projected(hidden[rows], cluster)
+            softmaxes.append(Softmax(tail_hidden, tail_target, self._softmax_parts(cluster), rows))
         return linear_cross_entropy(softmaxes, hidden.shape[0])
 
     def _softmax_parts(self, cluster: int) -> tuple[SoftmaxPart, ...]:

@@ -1,11 +1,15 @@
-"""Softmax cross-entropy whose gradient is made in the forward pass, for the large output layers of both models.
+"""Cross-entropies whose gradient is made in the forward pass, for the large output layers of both models.
 
 For logits z and a target t, -log softmax(z)_t = logsumexp(z) - z_t, and its gradient with respect to z is
 softmax(z) - onehot(t). `F.cross_entropy` stores the full log-softmax, and its backward fills a zero tensor of the
 logits' size, scatters into it and reads both again; at XLNet's 32000 words or Transformer-XL's 20000-word tail
-cluster those are several fresh [N, vocabulary] tensors per step, each paid for in page faults as well as passes. Here
-the forward pass writes the log-softmax once and turns it into the gradient in place; that is all it stores, and the
-backward pass scales it in place by each row's incoming gradient.
+cluster those are several fresh [N, vocabulary] tensors per step, each paid for in page faults as well as passes.
+
+- `softmax_cross_entropy` (given logits: the classification heads, and compiled graphs) writes the log-softmax once
+  and turns it into the gradient in place; that is all it stores, and its backward pass scales it in place.
+- `linear_cross_entropy` (the language-model heads) goes one step further: it takes the output layer too, works in
+  chunks of rows and multiplies each chunk's gradient through the output layer at once, so that it stores nothing of
+  the logits' size at all.
 """
 
 from typing import NamedTuple
@@ -133,10 +137,10 @@ def _composed_cross_entropy(softmaxes, num_rows):
         if logits is None:
             logits = torch.cat([_part_logits(softmax.hidden, part) for part in softmax.parts], -1)
         softmax_nll = softmax_cross_entropy(logits, softmax.target)
-        if softmax.rows is None and nll is None:
-            nll = softmax_nll
+        if softmax.rows is None:
+            nll = softmax_nll if nll is None else nll + softmax_nll
         else:
-            nll = (nll if nll is not None else softmax_nll.new_zeros(num_rows)).index_add(0, softmax.rows, softmax_nll)
+            nll = (softmax_nll.new_zeros(num_rows) if nll is None else nll).index_add(0, softmax.rows, softmax_nll)
     return nll
 
 
@@ -167,15 +171,16 @@ def _tensor_layout(softmaxes):
             tensors.append(tensor)
         return index[id(tensor)]
 
-    layout = [
-        softmax._replace(hidden=slot(softmax.hidden),
-                         parts=tuple(part._replace(weight=slot(part.weight), bias=slot(part.bias)) for part in softmax.parts))
-        for softmax in softmaxes
-    ]  # fmt: skip
-    return tensors, layout
+    def slots(softmax):
+        parts = tuple(part._replace(weight=slot(part.weight), bias=slot(part.bias)) for part in softmax.parts)
+        return softmax._replace(hidden=slot(softmax.hidden), parts=parts)
+
+    return tensors, [slots(softmax) for softmax in softmaxes]
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    """`linear_cross_entropy` on the distinct tensors of `layout` (see `_tensor_layout`)."""
+
     @staticmethod
     def forward(ctx, layout, num_rows, *tensors):
         gradients = _zero_gradients(tensors, ctx.needs_input_grad[2:])
@@ -237,7 +242,9 @@ def _accumulate(layout, tensors, nll, gradients, row_weights):
             torch.log_softmax(log_p, -1, out=log_p)  # (in place: the kernel works row by row)
             if nll is not None:
                 target_log_p = log_p.gather(1, chunk_target)
-                _add_rows(nll, rows, -(target_log_p if ignored is None else target_log_p.masked_fill(ignored, 0)).squeeze(1))
+                if ignored is not None:
+                    target_log_p = target_log_p.masked_fill(ignored, 0)
+                _add_rows(nll, rows, -target_log_p.squeeze(1))
             if gradients is None:
                 continue
             gradient = log_p.exp_()  # dNLL / dlogits = softmax - onehot(target)

@@ -306,7 +306,9 @@ def _save_products(*_):
     """Selective activation checkpointing: keep what matrix products make, recompute the rest (see
     `XLNetFeedForward._activation_and_output`)."""
     return create_selective_checkpoint_contexts(
-        lambda ctx, op, *args, **kwargs: CheckpointPolicy.MUST_SAVE if op in _PRODUCTS else CheckpointPolicy.PREFER_RECOMPUTE
+        lambda ctx, op, *args, **kwargs: (
+            CheckpointPolicy.MUST_SAVE if op in _PRODUCTS else CheckpointPolicy.PREFER_RECOMPUTE
+        )
     )
 
 
@@ -904,8 +906,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
 
             def language_model_loss(flat_hidden, target, reduction):
                 # (the loss and its gradients in chunks of rows, from the logits already made: see cross_entropy.py)
-                softmax = Softmax(flat_hidden, target, (SoftmaxPart(self.lm_loss.weight, self.lm_loss.bias, 0, logits.shape[-1]),),
-                                  logits=logits.reshape(-1, logits.shape[-1]))  # fmt: skip
+                words = SoftmaxPart(self.lm_loss.weight, self.lm_loss.bias, 0, logits.shape[-1])
+                softmax = Softmax(flat_hidden, target, (words,), logits=logits.reshape(-1, logits.shape[-1]))
                 return reduce_nll(linear_cross_entropy([softmax], target.shape[0]), target != IGNORE_INDEX, reduction)
 
             loss = _loss_sum_or_mean(

@@ -304,8 +304,8 @@ def _training_attention(query, key, value, content_bias, positions, score_bias, 
                                                          position_bias, score_bias)]  # fmt: skip
     with torch.autocast(device, enabled=False):
         block = _block_rows(query, key, STORED_BLOCK_ELEMENTS)
-        return _TrainingAttention.apply(*tensors, mask, RelativePositions(None, None, offset, masked_far), causal, block,
-                                        dropout)  # fmt: skip
+        layout = RelativePositions(None, None, offset, masked_far)  # (its tensors go in as inputs of their own)
+        return _TrainingAttention.apply(*tensors, mask, layout, causal, block, dropout)
 
 
 class _TrainingAttention(torch.autograd.Function):
@@ -357,7 +357,8 @@ class _TrainingAttention(torch.autograd.Function):
         query, content_bias, position_bias, key, value, position_keys, *saved = ctx.saved_tensors
         length, key_length, scale = query.shape[2], key.shape[2], query.shape[-1] ** -0.5
         grad_query = query.new_empty(query.shape)
-        grad_key, grad_value = key.new_zeros(key.shape), value.new_zeros(value.shape)  # (contiguous: _accumulate_product)
+        # (contiguous, unlike zeros_like of strided keys: _accumulate_product views them)
+        grad_key, grad_value = key.new_zeros(key.shape), value.new_zeros(value.shape)
         grad_position = None if position_keys is None else query.new_empty(query.shape)
         grad_position_keys = None if position_keys is None else torch.zeros_like(position_keys)
         grad_score_bias = None
@@ -385,7 +386,8 @@ class _TrainingAttention(torch.autograd.Function):
                 d_shifted = _keys_layout(d_scores, position_keys)
                 unshifted_shape = (*d_shifted.shape[:-1], position_keys.shape[-2] - first)
                 d_unshifted = _unshift(d_shifted, unshifted_shape, keys, ctx.offset - first - start)
-                d_query, d_keys = _position_products_backward(d_unshifted, position_query, position_keys[..., first:, :])
+                block_keys = position_keys[..., first:, :]
+                d_query, d_keys = _position_products_backward(d_unshifted, position_query, block_keys)
                 grad_position[:, :, start:end] = d_query
                 grad_position_keys[..., first:, :] += d_keys
         grad_content = grad_query.mul_(scale)  # (the gradient of the content query (q + u) / sqrt(d), so far)

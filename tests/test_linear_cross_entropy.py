@@ -68,7 +68,7 @@ def test_equals_the_composition_in_values_and_gradients(monkeypatch, chunk_rows,
     monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", chunk_rows * (7 + CLUSTERS))
     monkeypatch.setattr(cross_entropy, "MIN_CHUNK_ROWS", 1)
     tensors, *targets = problem()
-    row_weights = torch.full((ROWS,), 0.25, dtype=torch.float64) if weighting == "uniform" else torch.rand(ROWS).double()
+    row_weights = torch.full((ROWS,), 0.25).double() if weighting == "uniform" else torch.rand(ROWS).double()
     got = values_and_gradients(lambda *a: ours(*a, logits=logits), tensors, targets, row_weights)
     for got_tensor, want in zip(got, values_and_gradients(reference, tensors, targets, row_weights)):
         torch.testing.assert_close(got_tensor, want, atol=1e-12, rtol=0)
