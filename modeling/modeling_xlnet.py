@@ -302,6 +302,9 @@ class XLNetRelativeAttention(nn.Module):
         return content_out, query_out, probs, (key, value)
 
 
+_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
 def _save_products(*_):
     """Selective activation checkpointing: keep what matrix products make, recompute the rest (see
     `XLNetFeedForward._activation_and_output`)."""
@@ -311,8 +314,6 @@ def _save_products(*_):
         )
     )
 
-
-_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
 
 class XLNetFeedForward(nn.Module):
