@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy, softmax_dtype
+from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy, linear_into, softmax_dtype
 from .decoding_linear import MAX_ROWS, linear
 
 
@@ -130,19 +130,16 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     @staticmethod
     def _logits(hidden, weight, bias, proj, out=None):
         """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32 or wider; with `out`
-        (a column slice of the output) written there, by the GEMM itself where it can (fp32 in eager mode, more rows than a
+        (a column slice of the output) written there, by the GEMM itself where it can (eager mode, more rows than a
         decoding step's)."""
-        hidden = hidden if proj is None else hidden @ proj
+        hidden = _project(hidden, proj)
         if (
             out is not None
             and hidden.shape[0] > MAX_ROWS
-            and hidden.dtype == weight.dtype == out.dtype
             and not torch.is_autocast_enabled(hidden.device.type)
             and not torch.compiler.is_compiling()
         ):
-            if bias is None:
-                return torch.mm(hidden, weight.t(), out=out)
-            return torch.addmm(bias, hidden, weight.t(), out=out)
+            return linear_into(out, hidden, weight, bias)
         logits = linear(hidden, weight, bias).to(softmax_dtype(hidden.dtype))
         return logits if out is None else out.copy_(logits)
 
@@ -197,11 +194,11 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         if len(self.bounds) > 1:
             head_parts += (SoftmaxPart(self.cluster_weight, self.cluster_bias, 0, len(self.bounds) - 1),)
         head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
-        softmaxes = [Softmax(self._projected(hidden, 0), head_target, head_parts)]
+        softmaxes = [Softmax(_project(hidden, self.out_projs[0]), head_target, head_parts)]
         for cluster in range(1, len(self.bounds)):
             rows = (cluster_of == cluster).nonzero().squeeze(-1)
             tail_target = target[rows] - self.bounds[cluster][0]
-            tail_hidden = self._projected(hidden[rows], cluster)
+            tail_hidden = _project(hidden[rows], self.out_projs[cluster])
             softmaxes.append(Softmax(tail_hidden, tail_target, self._softmax_parts(cluster), rows))
         return linear_cross_entropy(softmaxes, hidden.shape[0])
 
@@ -214,9 +211,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         layer = self.out_layers[cluster]
         return (SoftmaxPart(layer.weight, layer.bias, 0, end - start),)
 
-    def _projected(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
-        proj = self.out_projs[cluster]
-        return hidden if proj is None else hidden @ proj
+
+def _project(hidden: torch.Tensor, proj: torch.Tensor | None) -> torch.Tensor:
+    """A cluster's input: the hidden states through its output projection (stored [d_proj, d_emb]), if any."""
+    return hidden if proj is None else hidden @ proj
 
 
 # Rows per chunk of `_log_softmax_`'s buffer: 4 MiB in fp32 (cache-sized), reused by every chunk.

@@ -238,7 +238,7 @@ def _accumulate(layout, tensors, nll, gradients, row_weights):
                 log_p.copy_(softmax.logits[first:last])
             else:
                 for part, (left, right) in zip(parts, columns):
-                    _addmm_into(log_p[:, left:right], _bias(tensors, part), hidden[first:last], _weight(tensors, part))
+                    linear_into(log_p[:, left:right], hidden[first:last], _weight(tensors, part), _bias(tensors, part))
             torch.log_softmax(log_p, -1, out=log_p)  # (in place: the kernel works row by row)
             if nll is not None:
                 target_log_p = log_p.gather(1, chunk_target)
@@ -281,9 +281,10 @@ def _bias(tensors, part):
     return None if part.bias is None else tensors[part.bias][part.start : part.end]
 
 
-def _addmm_into(out, bias, hidden, weight):
-    """out = hidden weight^T + bias, by the GEMM itself when the dtypes allow (else a copy of the product)."""
-    if out.dtype != hidden.dtype:
+def linear_into(out, hidden, weight, bias=None):
+    """out = hidden weight^T + bias, by the GEMM itself when the dtypes allow (else a copy of the product); `out` may
+    be a column slice of a wider tensor."""
+    if not out.dtype == hidden.dtype == weight.dtype:
         return out.copy_(F.linear(hidden, weight, bias))
     if bias is None:
         return torch.mm(hidden, weight.t(), out=out)

@@ -168,11 +168,12 @@ class RelativePositions(NamedTuple):
     offset: int
     masked_far: int | None = None
 
-    def block(self, first: int) -> "RelativePositions":
-        """For a block of queries reading the distances from column `first` on (see `_blocks`); the offset is the
-        caller's to adjust."""
+    def block(self, first: int, start: int) -> "RelativePositions":
+        """The same terms for the block of queries from row `start` on, which reads the distances from column
+        `first` on (see `_blocks`)."""
         masked_far = None if self.masked_far is None else max(0, self.masked_far - first)
-        return self._replace(keys=self.keys[..., first:, :], masked_far=masked_far)
+        keys = self.keys[..., first:, :]
+        return self._replace(keys=keys, offset=self.offset - first - start, masked_far=masked_far)
 
 
 # Scores [B, H, rows, keys] are made for this many elements at a time (16 MiB in fp32): queries go through the
@@ -225,10 +226,10 @@ def relative_attention(
     for start, end, keys, first in _blocks(length, key.shape[2], block, causal):
         bias = None
         if positions is not None:
-            block_positions = positions.block(first)
+            block_positions = positions.block(first, start)
             bias = relative_position_scores(
-                query[:, :, start:end], block_positions.keys, positions.bias, keys,
-                positions.offset - first - start, block_positions.masked_far,
+                query[:, :, start:end], block_positions.keys, positions.bias, keys, block_positions.offset,
+                block_positions.masked_far,
             )  # fmt: skip
         if score_bias is not None:
             rows = _rows(score_bias, start, end, keys)
@@ -299,12 +300,12 @@ def _training_attention(query, key, value, content_bias, positions, score_bias, 
     would have run the products (the function runs with autocast off, so that its backward sees the same dtypes)."""
     device = query.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
-    position_keys, position_bias, offset, masked_far = positions if positions is not None else (None, None, 0, None)
+    position_keys, position_bias = positions[:2] if positions is not None else (None, None)
     tensors = [t if t is None else t.to(dtype) for t in (query, key, value, content_bias, position_keys,
                                                          position_bias, score_bias)]  # fmt: skip
+    layout = None if positions is None else positions._replace(keys=None, bias=None)  # (tensors go in on their own)
     with torch.autocast(device, enabled=False):
         block = _block_rows(query, key, STORED_BLOCK_ELEMENTS)
-        layout = RelativePositions(None, None, offset, masked_far)  # (its tensors go in as inputs of their own)
         return _TrainingAttention.apply(*tensors, mask, layout, causal, block, dropout)
 
 
@@ -324,7 +325,7 @@ class _TrainingAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, content_bias, position_keys, position_bias, score_bias, mask, positions, causal,
                 block, dropout):  # fmt: skip
         # (`positions`: RelativePositions' offset and folded mask; its tensors are inputs of their own, for autograd)
-        positions, offset = positions._replace(keys=position_keys), positions.offset
+        positions = None if positions is None else positions._replace(keys=position_keys)
         length, key_length = query.shape[2], key.shape[2]
         lowest = torch.finfo(query.dtype).min
         outputs, saved = [], []
@@ -332,9 +333,9 @@ class _TrainingAttention(torch.autograd.Function):
             content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
             scores = torch.matmul(content_query, key[:, :, :keys].transpose(-1, -2))
             if position_keys is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
-                block_positions = positions.block(first)
+                block_positions = positions.block(first, start)
                 scores.add_(relative_position_scores(
-                    position_query, block_positions.keys, None, keys, offset - first - start, block_positions.masked_far
+                    position_query, block_positions.keys, None, keys, block_positions.offset, block_positions.masked_far
                 ))  # fmt: skip
             if score_bias is not None:
                 scores.add_(_rows(score_bias, start, end, keys))
@@ -349,7 +350,8 @@ class _TrainingAttention(torch.autograd.Function):
             saved.append(probs)
         ctx.save_for_backward(query, content_bias, position_bias, key, value, position_keys, *saved)
         ctx.score_bias_shape = None if score_bias is None else score_bias.shape
-        ctx.offset, ctx.causal, ctx.block, ctx.dropout = offset, causal, block, dropout
+        ctx.positions = None if positions is None else positions._replace(keys=None)
+        ctx.causal, ctx.block, ctx.dropout = causal, block, dropout
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 
     @staticmethod
@@ -383,11 +385,11 @@ class _TrainingAttention(torch.autograd.Function):
             if grad_score_bias is not None:
                 _rows(grad_score_bias, start, end, keys).add_(_sum_to(d_scores, _rows(grad_score_bias, start, end, keys)))
             if position_keys is not None:
+                block_positions = ctx.positions._replace(keys=position_keys).block(first, start)
                 d_shifted = _keys_layout(d_scores, position_keys)
-                unshifted_shape = (*d_shifted.shape[:-1], position_keys.shape[-2] - first)
-                d_unshifted = _unshift(d_shifted, unshifted_shape, keys, ctx.offset - first - start)
-                block_keys = position_keys[..., first:, :]
-                d_query, d_keys = _position_products_backward(d_unshifted, position_query, block_keys)
+                unshifted_shape = (*d_shifted.shape[:-1], block_positions.keys.shape[-2])
+                d_unshifted = _unshift(d_shifted, unshifted_shape, keys, block_positions.offset)
+                d_query, d_keys = _position_products_backward(d_unshifted, position_query, block_positions.keys)
                 grad_position[:, :, start:end] = d_query
                 grad_position_keys[..., first:, :] += d_keys
         grad_content = grad_query.mul_(scale)  # (the gradient of the content query (q + u) / sqrt(d), so far)
