@@ -13,6 +13,7 @@ attention kernel. Terms (b)+(d) are computed against one row per relative distan
 All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -78,11 +79,11 @@ class _RelativeShift(torch.autograd.Function):
         return _unshift(grad, ctx.shape, ctx.key_length, ctx.offset), None, None
 
 
-def _unshift(grad: torch.Tensor, shape, key_length: int, offset: int) -> torch.Tensor:
+def _unshift(grad: torch.Tensor, shape, key_length: int, offset: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The gradient of `relative_shift`: `grad` [..., q, key_length] written back to the unshifted [..., q, R]
-    cells it was read from, zeros elsewhere, in one pass."""
+    cells it was read from, zeros elsewhere, in one pass (into `out` [..., q, R] if given)."""
     *batch, length, distances = shape
-    grad_scores = grad.new_empty(shape)
+    grad_scores = grad.new_empty(shape) if out is None else out
     flat = grad_scores.view(*batch, length * distances)
     end = offset + length * (distances - 1)
     flat[..., :offset].zero_()
@@ -100,6 +101,7 @@ def relative_position_scores(
     key_length: int,
     offset: int,
     masked_far: int | None = None,
+    workspace: "Workspace | None" = None,
 ) -> torch.Tensor:
     """Terms (b)+(d), `(q_i + v)^T W_kR R_{i-j}`, for every (query, key) pair: [B, H, q, key_length].
 
@@ -108,15 +110,16 @@ def relative_position_scores(
       and pre-scaled by 1/sqrt(d) if the scores are to be (`relative_attention` takes scaled score biases): [H, R, d]
       for every batch row, or [G, 1, H, R, d] for G equal groups of rows (XLNet's `bi_data`: forward and backward);
     - key_length, offset: as in `relative_shift`;
-    - masked_far: None, or a causal mask folded into these scores (see `RelativePositions`).
+    - masked_far: None, or a causal mask folded into these scores (see `RelativePositions`);
+    - workspace: where the unshifted scores are written without gradients (see `Workspace`), or None.
     """
     if position_bias is not None:
         query = query + position_bias[:, None, :].to(query.dtype)
-    scores = _unshifted_position_scores(query, position_keys, masked_far)
+    scores = _unshifted_position_scores(query, position_keys, masked_far, workspace)
     return _batch_first(relative_shift(scores, key_length, offset), position_keys)
 
 
-def _unshifted_position_scores(query, position_keys, masked_far=None):
+def _unshifted_position_scores(query, position_keys, masked_far=None, workspace=None):
     """(q_i + v)^T W_kR R_r for every query and distance, in the keys' layout: [H, B, q, R] for keys shared by every
     row (one [B*q, d] x [d, R] GEMM per head instead of B broadcast ones, which would also copy the keys B times), or
     [G, B/G, H, q, R] for grouped keys.
@@ -124,26 +127,58 @@ def _unshifted_position_scores(query, position_keys, masked_far=None):
     With `masked_far` (an int) the distance -1 and q - 1 more below it read the lowest value instead, and so do the
     first `masked_far` distances listed: [H, B, q, R - 1 + q]. The shift reads query i's future keys j > k - q + i
     from exactly those extra columns (at most q - 1 of them, the first query's), and the keys at the masked far
-    distances from those first columns, so the shifted view is the masked scores, with no mask pass."""
+    distances from those first columns, so the shifted view is the masked scores, with no mask pass.
+
+    Without gradients (and outside torch.compile, whose graphs take no out=) the products are written into
+    `workspace` when one is given, else into a fresh tensor."""
+    differentiable = torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad)
+    if differentiable or torch.compiler.is_compiling():
+        workspace = None
     if position_keys.dim() == 5:
         if masked_far is not None:
             raise ValueError("relative_position_scores: a folded mask needs position keys shared by every row.")
-        return torch.matmul(query.unflatten(0, (position_keys.shape[0], -1)), position_keys.transpose(-1, -2))
+        grouped = query.unflatten(0, (position_keys.shape[0], -1))
+        shape = (*grouped.shape[:-1], position_keys.shape[-2])
+        return torch.matmul(grouped, position_keys.transpose(-1, -2), out=_take(workspace, shape, query))
     batch, heads, length, dim = query.shape
     folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
     if masked_far is None:
-        return torch.matmul(folded, position_keys.transpose(-1, -2)).view(heads, batch, length, -1)
+        shape = (heads, batch * length, position_keys.shape[-2])
+        scores = torch.matmul(folded, position_keys.transpose(-1, -2), out=_take(workspace, shape, query))
+        return scores.view(heads, batch, length, -1)
     distances = position_keys.shape[-2] - 1  # (those at 0 and above)
     attended, lowest = slice(masked_far, distances), torch.finfo(query.dtype).min
-    differentiable = torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad)
     if differentiable or torch.compiler.is_compiling():  # (neither autograd nor a compiled graph takes out=)
         scores = F.pad(torch.matmul(folded, position_keys[:, attended].transpose(-1, -2)), (masked_far, length),
                        value=lowest)  # fmt: skip
     else:  # (the product written into its columns: no padded copy)
-        scores = query.new_empty(heads, batch * length, distances + length)
+        scores = (workspace or Workspace()).take((heads, batch * length, distances + length), query)
         torch.matmul(folded, position_keys[:, attended].transpose(-1, -2), out=scores[..., attended])
         scores[..., :masked_far] = scores[..., distances:] = lowest
     return scores.view(heads, batch, length, -1)
+
+
+class Workspace:
+    """One buffer for a temporary that every block of an attention call makes anew (position scores, score
+    gradients): on CPU a fresh tensor of tens of MiB is mapped from the OS at each call and paid for again in page
+    faults on first touch, which cost as much as the passes over it. Blocks run widest first (`_blocks`), so the
+    buffer is allocated once, by the first block, and later blocks use its beginning."""
+
+    def __init__(self):
+        self.buffer = None
+
+    def take(self, shape, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor of `shape` with `like`'s dtype and device, uninitialised."""
+        size = math.prod(shape)
+        buffer = self.buffer
+        if buffer is None or buffer.numel() < size or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self.buffer = like.new_empty(size)
+        return buffer[:size].view(shape)
+
+
+def _take(workspace: Workspace | None, shape, like: torch.Tensor) -> torch.Tensor | None:
+    """A product's out=: `workspace.take(shape, like)`, or None (a fresh output) without a workspace."""
+    return None if workspace is None else workspace.take(shape, like)
 
 
 def _batch_first(scores, position_keys):
@@ -221,29 +256,35 @@ def relative_attention(
     if not output_attentions and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout), None
     length = query.shape[2]
-    outputs, probs = [], None
-    block = length if output_attentions else _block_rows(query, key)
+    outputs, probs, workspace = [], None, Workspace()
+    block = length if output_attentions else _block_rows(query, key, SCORE_BLOCK_ELEMENTS)
     for start, end, keys, first in _blocks(length, key.shape[2], block, causal):
         bias = None
         if positions is not None:
             block_positions = positions.block(first, start)
             bias = relative_position_scores(
                 query[:, :, start:end], block_positions.keys, positions.bias, keys, block_positions.offset,
-                block_positions.masked_far,
+                block_positions.masked_far, workspace,
             )  # fmt: skip
         if score_bias is not None:
             rows = _rows(score_bias, start, end, keys)
-            bias = rows if bias is None else bias + rows
+            in_place = bias is not None and not (bias.requires_grad or rows.requires_grad)  # (the block's own scores)
+            bias = rows if bias is None else bias.add_(rows) if in_place else bias + rows
         output, probs = _attention_block(
             query[:, :, start:end], key[:, :, :keys], value[:, :, :keys], content_bias, bias,
             None if mask is None else _rows(mask, start, end, keys), dropout, output_attentions,
         )  # fmt: skip
         outputs.append(output)
-    return (torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]), probs
+    return _in_order(outputs), probs
 
 
-def _block_rows(query, key, elements=SCORE_BLOCK_ELEMENTS) -> int:
-    """Query rows per block: all of them under torch.compile (which fuses the passes itself, and would otherwise
+def _in_order(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """The blocks' outputs [B, H, rows, d], in the order `_blocks` gave them (last rows first), joined in row order."""
+    return torch.cat(outputs[::-1], dim=2) if len(outputs) > 1 else outputs[0]
+
+
+def _block_rows(query, key, elements: int) -> int:
+    """Query rows per block for `elements` scores per block: all of them under torch.compile (which fuses the passes itself, and would otherwise
     specialise the graph on the number of blocks, hence on the length)."""
     if torch.compiler.is_compiling():
         return query.shape[2]
@@ -256,11 +297,12 @@ def _blocks(length: int, key_length: int, block: int, causal: bool):
 
     Query rows i0 <= i < i1 read the relative distances listed from column q - i1 on (those of the farthest key
     from the block's last row down), so a block is the same problem for fewer queries: position keys from that
-    column, shift offset `offset - (q - i1) - i0`."""
+    column, shift offset `offset - (q - i1) - i0`. The last rows come first: they read the most distances (and,
+    causal, the most keys), so a `Workspace` is allocated at the first block's size once."""
     if block >= length:  # (no arithmetic on the length, which torch.compile keeps symbolic)
         yield 0, length, key_length, 0
         return
-    for start in range(0, length, block):
+    for start in reversed(range(0, length, block)):
         end = min(length, start + block)
         yield start, end, (key_length - length + end if causal else key_length), length - end
 
@@ -328,14 +370,15 @@ class _TrainingAttention(torch.autograd.Function):
         positions = None if positions is None else positions._replace(keys=position_keys)
         length, key_length = query.shape[2], key.shape[2]
         lowest = torch.finfo(query.dtype).min
-        outputs, saved = [], []
+        outputs, saved, workspace = [], [], Workspace()
         for start, end, keys, first in _blocks(length, key_length, block, causal):
             content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
             scores = torch.matmul(content_query, key[:, :, :keys].transpose(-1, -2))
             if position_keys is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
                 block_positions = positions.block(first, start)
                 scores.add_(relative_position_scores(
-                    position_query, block_positions.keys, None, keys, block_positions.offset, block_positions.masked_far
+                    position_query, block_positions.keys, None, keys, block_positions.offset,
+                    block_positions.masked_far, workspace,
                 ))  # fmt: skip
             if score_bias is not None:
                 scores.add_(_rows(score_bias, start, end, keys))
@@ -352,7 +395,7 @@ class _TrainingAttention(torch.autograd.Function):
         ctx.score_bias_shape = None if score_bias is None else score_bias.shape
         ctx.positions = None if positions is None else positions._replace(keys=None)
         ctx.causal, ctx.block, ctx.dropout = causal, block, dropout
-        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+        return _in_order(outputs)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -367,6 +410,8 @@ class _TrainingAttention(torch.autograd.Function):
         if ctx.score_bias_shape is not None and ctx.needs_input_grad[6]:
             grad_score_bias = grad_output.new_zeros(ctx.score_bias_shape)
         per_block = 2 if ctx.dropout > 0 else 1
+        # (the score and position-score gradients of each block are consumed within it)
+        score_workspace, position_workspace = (None, None) if torch.compiler.is_compiling() else (Workspace(), Workspace())
         blocks = _blocks(length, key_length, ctx.block, ctx.causal)
         for index, (start, end, keys, first) in enumerate(blocks):
             *kept, probs = saved[per_block * index : per_block * (index + 1)]
@@ -375,7 +420,7 @@ class _TrainingAttention(torch.autograd.Function):
             d_out = grad_output[:, :, start:end]
             kept_probs = probs if kept is None else probs * kept / (1 - ctx.dropout)
             _accumulate_product(grad_value[:, :, :keys], kept_probs.transpose(-1, -2), d_out)
-            d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2))
+            d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2), out=_take(score_workspace, probs.shape, probs))
             if kept is not None:
                 d_probs = d_probs.mul_(kept).div_(1 - ctx.dropout)
             # dS = P * (dP - rowsum(dP * P)), written over dP (masked cells: P = 0, dS = 0)
@@ -388,7 +433,8 @@ class _TrainingAttention(torch.autograd.Function):
                 block_positions = ctx.positions._replace(keys=position_keys).block(first, start)
                 d_shifted = _keys_layout(d_scores, position_keys)
                 unshifted_shape = (*d_shifted.shape[:-1], block_positions.keys.shape[-2])
-                d_unshifted = _unshift(d_shifted, unshifted_shape, keys, block_positions.offset)
+                d_unshifted = _unshift(d_shifted, unshifted_shape, keys, block_positions.offset,
+                                       _take(position_workspace, unshifted_shape, d_shifted))  # fmt: skip
                 d_query, d_keys = _position_products_backward(d_unshifted, position_query, block_positions.keys)
                 grad_position[:, :, start:end] = d_query
                 grad_position_keys[..., first:, :] += d_keys

@@ -83,6 +83,31 @@ def test_blocks_without_gradients_equal_one_explicit_block(blocks_of, grouped, c
     torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
 
 
+def test_blocks_run_last_rows_first_and_share_one_workspace(blocks_of):
+    """The widest block comes first, so the position scores of a call are one allocation that later (narrower)
+    blocks reuse; a dtype change gets a buffer of its own."""
+    assert [start for start, *_ in attention._blocks(10, 16, 3, causal=True)] == [9, 6, 3, 0]
+    workspace = attention.Workspace()
+    first = workspace.take((4, 5), torch.ones(()))
+    assert workspace.take((2, 3), torch.ones(())).data_ptr() == first.data_ptr()
+    assert workspace.take((3, 7), torch.ones(())).numel() == 21 and workspace.buffer.numel() == 21
+    assert workspace.take((2, 2), torch.ones((), dtype=torch.float64)).dtype == torch.float64
+    inputs, _ = attention_inputs(grouped=False, causal=True, padding=False, score_term=True)
+    blocks_of(3)
+    taken = []
+    original_take = attention.Workspace.take
+
+    def recording_take(self, shape, like):
+        taken.append((id(self), self.buffer is None))
+        return original_take(self, shape, like)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention.Workspace, "take", recording_take)
+        attention.relative_attention(**inputs)
+    assert len(taken) == 4 and len({owner for owner, _ in taken}) == 1  # 4 blocks, one workspace
+    assert [fresh for _, fresh in taken] == [True, False, False, False]  # allocated by the first block only
+
+
 def test_blocks_with_dropout_have_exact_gradients(blocks_of):
     """gradcheck with the dropout masks drawn again from the same seed on every call: the backward pass applies the
     masks the forward pass drew."""
