@@ -3,10 +3,10 @@
     python benchmarks/run.py [--legacy-python PYTHON] [--output DIR] [--configs ...] [--workloads ...]
     python benchmarks/run.py --quick        # tiny sizes, under a minute: a smoke test of the whole command
 
-References: transformers 5's XLNet, in this process; transformers 4.37.2's Transformer-XL, which cannot share a
-process with transformers 5, in a worker process under the legacy venv's python (`--legacy-python`, or
-$TRANSFORMERS_XL_LEGACY_PYTHON; README, "Benchmarks", says how to make that venv). Without it the legacy side is
-reported as not measured. Every implementation loads the same folder (config.json + pytorch_model.bin written
+References: transformers 5's XLNet under this python; transformers 4.37.2's Transformer-XL, which cannot share a
+process with transformers 5, under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON;
+README, "Benchmarks", says how to make that venv). Without it the legacy side is reported as not measured. Every
+timed side runs in a worker process of its own (its own heap: see `measure_throughput`). Every implementation loads the same folder (config.json + pytorch_model.bin written
 from our randomly initialised model) and the same inputs (the second segment, and the memory our model left after
 the first segment, saved beside it), so the reference's logits are checked against ours first (max |diff|).
 
@@ -31,7 +31,7 @@ layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers); dropou
 compute the same thing in training mode. `--quick` uses one tiny configuration per model.
 
 Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
-`--rounds` rounds that alternate the sides (A, B, A, B, ...); each side's min and median, and ratios of the medians.
+`--rounds` rounds (default 5) that alternate the sides (A, B, A, B, ...); each side's min and median, and ratios of the medians.
 2 threads by default. Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows);
 default DIR: benchmark-results.
 """
@@ -310,22 +310,29 @@ def measure_peak(run: Run, when: str):
         print(f"matmul peak {name} ({when}, best at {best[1]}x{best[1]}): {best[0] / 1e9:.0f} GFLOP/s")
 
 
-def reference_session(run: Run, case: Case, folder: Path):
-    """The reference side: transformers' XLNet in this process, legacy Transformer-XL in a worker (or None)."""
+def reference_worker(run: Run, case: Case, folder: Path):
+    """The reference side's worker: transformers' XLNet under this python, legacy Transformer-XL under the legacy
+    venv's (None without one)."""
     if case.reference == "transformers":
-        return Session(folder, "transformers")
+        return run.worker(folder, "transformers")
     python = legacy_python(run.args.legacy_python)
     return run.worker(folder, "legacy", python) if python else None
 
 
-def measure_throughput(run: Run, case: Case, folder: Path, ours: Session, reference):
-    """Parity, then evaluation / training / training step, ours and the reference alternating."""
+def measure_throughput(run: Run, case: Case, folder: Path):
+    """Parity, then evaluation / training / training step, ours and the reference alternating, each side in a
+    worker process of its own: in one process the sides would share one heap, and each side's speed would depend
+    on what the other's calls left in it (glibc's thresholds move with the blocks freed; transformers 5's XLNet
+    measured 257 to 349 training tokens/s from run to run beside ours)."""
     model, tokens = MODEL_NAMES[case.model], case.batch * case.length
+    ours, reference = run.worker(folder, "ours"), reference_worker(run, case, folder)
     parity = None
     if reference is not None:
-        path = folder / "reference-logits.pt"
-        reference.ask({"op": "logits", "path": str(path)})
-        parity = (torch.load(path) - ours.evaluate(ours.model).float()).abs().max().item()
+        logits = {}
+        for name, side in (("ours", ours), ("reference", reference)):
+            logits[name] = folder / f"{name}-logits.pt"
+            side.ask({"op": "logits", "path": str(logits[name])})
+        parity = (torch.load(logits["reference"]) - torch.load(logits["ours"])).abs().max().item()
         print(f"{case.name} {model}: max |logit diff| ours vs {case.reference_name}: {parity:.2e}")
     labels = {"eval": "evaluation", "train": "training forward + backward", "step": "training step (AdamW)"}
     for workload, label in labels.items():
@@ -340,6 +347,9 @@ def measure_throughput(run: Run, case: Case, folder: Path, ours: Session, refere
             extra.update(ideal_flops=ideal_forward_flops(case), max_abs_logit_diff=parity)
         run.add("throughput", case.name, model, label, "s", values, **extra)
         print_row(run.rows[-1])
+    for side in (ours, reference):
+        if side is not None:
+            side.close()
 
 
 def measure_memory(run: Run, case: Case, folder: Path):
@@ -362,14 +372,14 @@ def measure_memory(run: Run, case: Case, folder: Path):
     print_row(run.rows[-1])
 
 
-def measure_variants(run: Run, case: Case, folder: Path, ours: Session, variant: str):
-    """Ours in bf16 autocast (this process) or compiled (a worker of its own: a compiler crash cannot end the run),
-    against ours in fp32 eager, alternating."""
+def measure_variants(run: Run, case: Case, folder: Path, variant: str):
+    """Ours in bf16 autocast or compiled against ours in fp32 eager, alternating, in a worker of its own (a compiler
+    crash cannot end the run)."""
     model = MODEL_NAMES[case.model]
     labels = {"eval": "evaluation", "train": "training forward + backward"}
     for workload, label in labels.items():
         sides, compile_seconds = {}, None
-        session = ours if variant == "bf16" else run.worker(folder, "ours")
+        session = run.worker(folder, "ours")
         eager, other = ({"op": "time", "workload": workload, "variant": v} for v in ("eager", variant))
         try:
             if variant == "compiled":  # the first call compiles
@@ -379,10 +389,9 @@ def measure_variants(run: Run, case: Case, folder: Path, ours: Session, variant:
                 run.args.rounds,
                 warmup=run.args.warmup,
             )
-        except (WorkerError, RuntimeError) as error:  # (bf16 runs here: a failure is a RuntimeError)
+        except WorkerError as error:
             sides = {variant: f"{error}".splitlines()[0][:300], "fp32 eager": None}
-        if isinstance(session, Worker):
-            session.close()
+        session.close()
         run.add(variant, case.name, model, label, "s", sides, tokens=case.batch * case.length,
                 first_call_seconds=compile_seconds)  # fmt: skip
         print_row(run.rows[-1])
@@ -551,7 +560,7 @@ def main():
     parser.add_argument("--output", default="benchmark-results", help="folder for results.json and results.md")
     parser.add_argument("--configs", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, help="default: all (--quick: all but compile)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the command")
@@ -571,20 +580,15 @@ def main():
     for index, case in enumerate(cases):
         folder = run.workdir / f"{index}-{case.model}"
         write_case_folder(case, folder)
-        needs_sessions = {"throughput", "bf16"} & set(workloads)
-        ours = Session(folder, "ours") if needs_sessions else None
         if "throughput" in workloads:
-            reference = reference_session(run, case, folder)
-            measure_throughput(run, case, folder, ours, reference)
-            if isinstance(reference, Worker):
-                reference.close()
+            measure_throughput(run, case, folder)
         if "memory" in workloads:
             measure_memory(run, case, folder)
         first_of_model = case is next(c for c in cases if c.model == case.model)
         if "bf16" in workloads and first_of_model:
-            measure_variants(run, case, folder, ours, "bf16")
+            measure_variants(run, case, folder, "bf16")
         if "compile" in workloads and first_of_model:
-            measure_variants(run, case, folder, ours, "compiled")
+            measure_variants(run, case, folder, "compiled")
         if "stream" in workloads and case.model == "transfo-xl" and first_of_model:
             measure_stream(run, case, folder)
     if "generation" in workloads:
