@@ -2,6 +2,7 @@
 
     python benchmarks/run.py [--legacy-python PYTHON] [--output DIR] [--configs ...] [--workloads ...]
     python benchmarks/run.py --quick        # tiny sizes, under a minute: a smoke test of the whole command
+    python benchmarks/run.py --keep-freed-memory ...   # both sides timed with glibc keeping freed memory
 
 References: transformers 5's XLNet under this python; transformers 4.37.2's Transformer-XL, which cannot share a
 process with transformers 5, under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON;
@@ -53,6 +54,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # glibc keeps freed blocks below a (growing) threshold for reuse, so the resident size of a process says little about
 # its tensors; a fixed threshold of 64 KiB makes every larger allocation its own mapping, returned when freed.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+# --keep-freed-memory: the opposite, for speed. glibc maps every block of more than 32 MiB (less, before its threshold
+# has grown) from the kernel and unmaps it when freed, so every large tensor of every call is paid for again in page
+# faults; with no mappings and no trimming, freed memory stays in the heap and is reused (the resident size stays at
+# its high-water mark, as with a GPU's caching allocator).
+KEEP_FREED_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 46)}
 
 
 @dataclass
@@ -219,7 +225,9 @@ class Run:
     peak_measurements: list = field(default_factory=list)
 
     def worker(self, folder, implementation, python=None, env=None):
+        """A worker process for one side; `env` (the memory measurement's) replaces --keep-freed-memory's."""
         python = python or sys.executable
+        env = env or (KEEP_FREED_MEMORY_ENV if self.args.keep_freed_memory else None)
         return Worker(python, __file__, "--worker", str(folder), implementation, str(self.args.threads), env=env)
 
     def add(self, section, case_name, model, workload, unit, sides, **extra):
@@ -523,7 +531,8 @@ SECTIONS = {
 def markdown(run: Run) -> str:
     lines = [
         f"torch {torch.__version__}, {run.args.threads} threads; matmul peak "
-        + ", ".join(f"{name} {flops / 1e9:,.0f} GFLOP/s" for name, flops in run.peak_flops.items()),
+        + ", ".join(f"{name} {flops / 1e9:,.0f} GFLOP/s" for name, flops in run.peak_flops.items())
+        + ("; workers with glibc keeping freed memory (--keep-freed-memory)" if run.args.keep_freed_memory else ""),
     ]
     for section, (title, header) in SECTIONS.items():
         rows = [row for row in run.rows if row["section"] == section]
@@ -564,6 +573,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the command")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="time both sides with glibc keeping freed memory for reuse (KEEP_FREED_MEMORY_ENV)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -605,6 +616,7 @@ def main():
         "legacy_python": legacy_python(args.legacy_python),
         "matmul_peak_flops": run.peak_flops,
         "matmul_peak_measurements": run.peak_measurements,
+        "worker_env": KEEP_FREED_MEMORY_ENV if args.keep_freed_memory else {},
         "rows": run.rows,
     }
     (output / "results.json").write_text(json.dumps(results, indent=1))

@@ -95,3 +95,19 @@ def test_quick_run_with_the_legacy_venv(tmp_path):
     results, table = run_quick(tmp_path, os.environ[LEGACY_ENV])
     check(results, table, legacy_measured=True)
     assert "not measured" not in table
+
+
+def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measurement(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import argparse
+
+    import run
+
+    started = []
+    monkeypatch.setattr(run, "Worker", lambda *args, env=None: started.append(env))
+    for keep in (False, True):
+        bench = run.Run(argparse.Namespace(threads=2, keep_freed_memory=keep), tmp_path)
+        bench.worker(tmp_path, "ours")
+        bench.worker(tmp_path, "legacy", "python", env=run.MALLOC_ENV)
+    assert started == [None, run.MALLOC_ENV, run.KEEP_FREED_MEMORY_ENV, run.MALLOC_ENV]
+    assert run.KEEP_FREED_MEMORY_ENV["MALLOC_MMAP_MAX_"] == "0"
