@@ -7,9 +7,10 @@
 References: transformers 5's XLNet under this python; transformers 4.37.2's Transformer-XL, which cannot share a
 process with transformers 5, under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON;
 README, "Benchmarks", says how to make that venv). Without it the legacy side is reported as not measured. Every
-timed side runs in a worker process of its own (its own heap: see `measure_throughput`). Every implementation loads the same folder (config.json + pytorch_model.bin written
-from our randomly initialised model) and the same inputs (the second segment, and the memory our model left after
-the first segment, saved beside it), so the reference's logits are checked against ours first (max |diff|).
+timed side runs in a worker process of its own (its own heap: see `measure_throughput`). Every implementation
+loads the same folder (config.json + pytorch_model.bin written from our randomly initialised model) and the same
+inputs (the second segment, and the memory our model left after the first segment, saved beside it), so the
+reference's logits are checked against ours first (max |diff|).
 
 Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of the previous segment):
 - `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`), training forward +
@@ -32,7 +33,8 @@ layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers); dropou
 compute the same thing in training mode. `--quick` uses one tiny configuration per model.
 
 Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
-`--rounds` rounds (default 5) that alternate the sides (A, B, A, B, ...); each side's min and median, and ratios of the medians.
+`--rounds` rounds (default 5) that alternate the sides (A, B, A, B, ...); each side's min and median, and ratios of
+the medians.
 2 threads by default. Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows);
 default DIR: benchmark-results.
 """

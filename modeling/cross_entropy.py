@@ -222,6 +222,9 @@ def _accumulate(layout, tensors, nll, gradients, row_weights):
     """Score every softmax chunk by chunk of rows: add -log p(target) to `nll` (unless None) and, unless
     `gradients` is None, the gradient (softmax - onehot) [times each row's weight] through the output layer."""
     for softmax in layout:
+        if softmax.logits is not None and gradients is not None:
+            _accumulate_given_logits(softmax, tensors, nll, gradients, row_weights)
+            continue
         hidden, target, parts = tensors[softmax.hidden], softmax.target, softmax.parts
         columns = _columns(parts)
         chunk = max(1, min(hidden.shape[0], max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // columns[-1][1])))
@@ -262,6 +265,43 @@ def _accumulate(layout, tensors, nll, gradients, row_weights):
                     gradients[part.weight][part.start : part.end].addmm_(part_gradient.t(), hidden[first:last])
                 if part.bias is not None and gradients[part.bias] is not None:
                     gradients[part.bias][part.start : part.end].add_(part_gradient.sum(0))
+
+
+def _accumulate_given_logits(softmax, tensors, nll, gradients, row_weights):
+    """`_accumulate` for a softmax whose logits the caller made (XLNet's), with gradients, in chunks of columns
+    rather than rows: a chunk of rows adds its gradient into the whole [classes, d] weight gradient (a pass over it
+    per chunk, and GEMMs whose inner dimension is the chunk's 128 rows), while a chunk of columns writes its own rows
+    of the weight gradient with one GEMM over all N rows, and adds into the hidden states' gradient, [N, d], small
+    enough to stay in cache. The softmax's normaliser logsumexp(z) comes first, from the logits in chunks of rows."""
+    hidden, target, logits = tensors[softmax.hidden], softmax.target, softmax.logits
+    count, dtype = hidden.shape[0], softmax_dtype(tensors[0].dtype)
+    if count == 0:
+        return
+    rows = slice(0, count) if softmax.rows is None else softmax.rows
+    ignored = target == IGNORE_INDEX
+    target = target.masked_fill(ignored, 0)
+    step = max(1, CHUNK_ELEMENTS // logits.shape[1])
+    normaliser = torch.cat([torch.logsumexp(logits[i : i + step].to(dtype), -1) for i in range(0, count, step)])
+    if nll is not None:  # -log p(target) = logsumexp(z) - z_target
+        target_logits = logits.gather(1, target[:, None]).squeeze(1).to(dtype)
+        _add_rows(nll, rows, (normaliser - target_logits).masked_fill(ignored, 0))
+    row_factor = (~ignored).to(dtype) if row_weights is None else row_weights[rows].to(dtype).masked_fill(ignored, 0)
+    width = max(1, CHUNK_ELEMENTS // count)
+    buffer = torch.empty(count, min(width, logits.shape[1]), dtype=dtype, device=hidden.device)
+    for part, (left, right) in zip(softmax.parts, _columns(softmax.parts)):
+        for first in range(left, right, width):
+            last = min(first + width, right)
+            gradient = buffer[:, : last - first].copy_(logits[:, first:last]).sub_(normaliser[:, None]).exp_()
+            targeted = ((target >= first) & (target < last)).nonzero().squeeze(1)  # softmax - onehot(target)
+            gradient.index_put_((targeted, target[targeted] - first), gradient.new_tensor(-1.0), accumulate=True)
+            gradient = gradient.mul_(row_factor[:, None]).to(hidden.dtype)
+            classes = slice(part.start + first - left, part.start + last - left)
+            if gradients[softmax.hidden] is not None:
+                gradients[softmax.hidden].addmm_(gradient, tensors[part.weight][classes])
+            if gradients[part.weight] is not None:
+                gradients[part.weight][classes].addmm_(gradient.t(), hidden)
+            if part.bias is not None and gradients[part.bias] is not None:
+                gradients[part.bias][classes].add_(gradient.sum(0))
 
 
 def _columns(parts):

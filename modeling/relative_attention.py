@@ -284,8 +284,8 @@ def _in_order(outputs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _block_rows(query, key, elements: int) -> int:
-    """Query rows per block for `elements` scores per block: all of them under torch.compile (which fuses the passes itself, and would otherwise
-    specialise the graph on the number of blocks, hence on the length)."""
+    """Query rows per block for `elements` scores per block: all of them under torch.compile (which fuses the passes
+    itself, and would otherwise specialise the graph on the number of blocks, hence on the length)."""
     if torch.compiler.is_compiling():
         return query.shape[2]
     return max(1, elements // (query.shape[0] * query.shape[1] * key.shape[2]))
@@ -411,7 +411,8 @@ class _TrainingAttention(torch.autograd.Function):
             grad_score_bias = grad_output.new_zeros(ctx.score_bias_shape)
         per_block = 2 if ctx.dropout > 0 else 1
         # (the score and position-score gradients of each block are consumed within it)
-        score_workspace, position_workspace = (None, None) if torch.compiler.is_compiling() else (Workspace(), Workspace())
+        compiling = torch.compiler.is_compiling()
+        score_workspace, position_workspace = (None, None) if compiling else (Workspace(), Workspace())
         blocks = _blocks(length, key_length, ctx.block, ctx.causal)
         for index, (start, end, keys, first) in enumerate(blocks):
             *kept, probs = saved[per_block * index : per_block * (index + 1)]
@@ -420,7 +421,8 @@ class _TrainingAttention(torch.autograd.Function):
             d_out = grad_output[:, :, start:end]
             kept_probs = probs if kept is None else probs * kept / (1 - ctx.dropout)
             _accumulate_product(grad_value[:, :, :keys], kept_probs.transpose(-1, -2), d_out)
-            d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2), out=_take(score_workspace, probs.shape, probs))
+            d_probs = _take(score_workspace, probs.shape, probs)
+            d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2), out=d_probs)
             if kept is not None:
                 d_probs = d_probs.mul_(kept).div_(1 - ctx.dropout)
             # dS = P * (dP - rowsum(dP * P)), written over dP (masked cells: P = 0, dS = 0)

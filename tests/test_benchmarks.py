@@ -54,7 +54,8 @@ def check(results, table, legacy_measured):
     assert set(results["matmul_peak_flops"]) == {"float32", "bfloat16"}
     assert all(flops > 0 for flops in results["matmul_peak_flops"].values())
     measured = results["matmul_peak_measurements"]
-    assert {(m["when"], m["dtype"]) for m in measured} == {(w, d) for w in ("start", "end") for d in ("float32", "bfloat16")}
+    expected = {(when, dtype) for when in ("start", "end") for dtype in ("float32", "bfloat16")}
+    assert {(m["when"], m["dtype"]) for m in measured} == expected
     for dtype, flops in results["matmul_peak_flops"].items():  # the higher of the two measurements is the peak
         assert flops == max(m["flops"] for m in measured if m["dtype"] == dtype)
     for key, row in rows.items():
