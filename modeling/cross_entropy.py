@@ -258,13 +258,8 @@ def _accumulate(layout, tensors, nll, gradients, row_weights):
                 gradient.masked_fill_(ignored, 0.0)
             gradient = gradient.to(hidden.dtype)
             for part, (left, right) in zip(parts, columns):
-                part_gradient, weight = gradient[:, left:right], _weight(tensors, part)
-                if gradients[softmax.hidden] is not None:
-                    gradients[softmax.hidden][first:last].addmm_(part_gradient, weight)
-                if gradients[part.weight] is not None:
-                    gradients[part.weight][part.start : part.end].addmm_(part_gradient.t(), hidden[first:last])
-                if part.bias is not None and gradients[part.bias] is not None:
-                    gradients[part.bias][part.start : part.end].add_(part_gradient.sum(0))
+                classes = slice(part.start, part.end)
+                _backpropagate(gradients, tensors, softmax, part, slice(first, last), classes, gradient[:, left:right])
 
 
 def _accumulate_given_logits(softmax, tensors, nll, gradients, row_weights):
@@ -296,12 +291,18 @@ def _accumulate_given_logits(softmax, tensors, nll, gradients, row_weights):
             gradient.index_put_((targeted, target[targeted] - first), gradient.new_tensor(-1.0), accumulate=True)
             gradient = gradient.mul_(row_factor[:, None]).to(hidden.dtype)
             classes = slice(part.start + first - left, part.start + last - left)
-            if gradients[softmax.hidden] is not None:
-                gradients[softmax.hidden].addmm_(gradient, tensors[part.weight][classes])
-            if gradients[part.weight] is not None:
-                gradients[part.weight][classes].addmm_(gradient.t(), hidden)
-            if part.bias is not None and gradients[part.bias] is not None:
-                gradients[part.bias][classes].add_(gradient.sum(0))
+            _backpropagate(gradients, tensors, softmax, part, slice(0, count), classes, gradient)
+
+
+def _backpropagate(gradients, tensors, softmax, part, rows, classes, gradient):
+    """Add the logits' gradient [rows, classes] of one part through the output layer: into those rows of the hidden
+    states' gradient and those classes (rows of the full tensors) of the weight's and bias's gradients."""
+    if gradients[softmax.hidden] is not None:
+        gradients[softmax.hidden][rows].addmm_(gradient, tensors[part.weight][classes])
+    if gradients[part.weight] is not None:
+        gradients[part.weight][classes].addmm_(gradient.t(), tensors[softmax.hidden][rows])
+    if part.bias is not None and gradients[part.bias] is not None:
+        gradients[part.bias][classes].add_(gradient.sum(0))
 
 
 def _columns(parts):

@@ -132,8 +132,8 @@ def _unshifted_position_scores(query, position_keys, masked_far=None, workspace=
     Without gradients (and outside torch.compile, whose graphs take no out=) the products are written into
     `workspace` when one is given, else into a fresh tensor."""
     differentiable = torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad)
-    if differentiable or torch.compiler.is_compiling():
-        workspace = None
+    writable = not (differentiable or torch.compiler.is_compiling())  # (neither autograd nor a graph takes out=)
+    workspace = workspace if writable else None
     if position_keys.dim() == 5:
         if masked_far is not None:
             raise ValueError("relative_position_scores: a folded mask needs position keys shared by every row.")
@@ -148,7 +148,7 @@ def _unshifted_position_scores(query, position_keys, masked_far=None, workspace=
         return scores.view(heads, batch, length, -1)
     distances = position_keys.shape[-2] - 1  # (those at 0 and above)
     attended, lowest = slice(masked_far, distances), torch.finfo(query.dtype).min
-    if differentiable or torch.compiler.is_compiling():  # (neither autograd nor a compiled graph takes out=)
+    if not writable:
         scores = F.pad(torch.matmul(folded, position_keys[:, attended].transpose(-1, -2)), (masked_far, length),
                        value=lowest)  # fmt: skip
     else:  # (the product written into its columns: no padded copy)
