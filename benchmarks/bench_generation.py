@@ -17,9 +17,13 @@ eval mode. Reports min and median over rounds and the ratios.
 """
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -157,9 +161,9 @@ def main():
         bench_xlnet(args.prompts, args.rounds)
 
 
-def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=12):
-    """Ours with the cache, ours recomputing, and (with `legacy_python`) transformers 4.37.2 in a worker. Returns
-    ({prompt_len: {name: [seconds per token]}}, whether the greedy tokens equal legacy's, None without legacy)."""
+def transfo_xl_sides(config, legacy_python):
+    """Our model (random weights from seed 0), its generate with the cache and recomputing, and (with
+    `legacy_python`) a transformers 4.37.2 worker that loaded the same weights, or None."""
     from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 
     torch.manual_seed(0)
@@ -168,9 +172,13 @@ def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=1
     model.config.save_pretrained(folder)
     torch.save(model.state_dict(), folder / "pytorch_model.bin")  # every key, as legacy files hold them
     legacy = Worker(legacy_python, __file__, "--legacy-worker", str(folder)) if legacy_python else None
+    return model, make_generate(model, True, attention_mask=None), make_generate(model, False, attention_mask=None), legacy
 
-    cached = make_generate(model, True, attention_mask=None)
-    recompute = make_generate(model, False, attention_mask=None)
+
+def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=12):
+    """Ours with the cache, ours recomputing, and (with `legacy_python`) transformers 4.37.2 in a worker. Returns
+    ({prompt_len: {name: [seconds per token]}}, whether the greedy tokens equal legacy's, None without legacy)."""
+    model, cached, recompute, legacy = transfo_xl_sides(config, legacy_python)
     same = None
     if legacy:  # parity first: legacy starts from zero memory vectors, so compare in that mode
         model.config.zero_initial_mems = True
@@ -194,6 +202,68 @@ def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=1
     if legacy:
         legacy.close()
     return results, same
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decoding beside other work
+
+# The other work: a single-threaded busy loop pinned to one core, or a second torch process running its own threads
+# (a training job, a test run: products and the small operations around them, each ending at a thread barrier).
+CONTENTION = {
+    "quiet": None,
+    "one core busy": "import os\nos.sched_setaffinity(0, {{{cpu}}})\nprint('ready', flush=True)\nwhile True:\n    pass",
+    "beside a torch process": (
+        "import torch\ntorch.set_num_threads({threads})\na = torch.randn(384, 384)\nprint('ready', flush=True)\n"
+        "while True:\n    torch.relu(a @ a).add_(1).softmax(-1).sum()"
+    ),
+}
+
+
+@contextmanager
+def contention(kind, threads):
+    """Run the block while `CONTENTION[kind]` runs in a process of its own (started before, killed after)."""
+    if CONTENTION[kind] is None:
+        yield
+        return
+    code = CONTENTION[kind].format(cpu=max(os.sched_getaffinity(0)), threads=threads)
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        process.stdout.readline()  # (running)
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+def bench_contention(rounds, legacy_python, config=CONFIG, new_tokens=12, prompt_len=64, threads=2):
+    """Transformer-XL greedy decoding (batch 1), ours with the cache and (with `legacy_python`) transformers 4.37.2,
+    alternating, quiet and under each kind of `CONTENTION`: {kind: {name: [seconds per token]}}."""
+    _, cached, _, legacy = transfo_xl_sides(config, legacy_python)
+    prompt = random_prompt(prompt_len, config["vocab_size"])
+    runs = {"ours": lambda: seconds_per_token(cached, prompt, new_tokens)}
+    if legacy:
+        runs["legacy 4.37.2"] = lambda: legacy.ask({"prompt_len": prompt_len, "new_tokens": new_tokens})["value"]
+    results = {}
+    for kind in CONTENTION:
+        with contention(kind, threads):
+            results[kind] = alternate(runs, rounds, warmup=1)
+        print(f"{kind}: " + ", ".join(f"{name} {statistics.median(v) * 1e3:.1f} ms/token" for name, v in
+                                       results[kind].items()))  # fmt: skip
+    if legacy:
+        legacy.close()
+    return results
+
+
+def streamed_weight_bytes(model) -> int:
+    """Bytes of the weights a decoding step must read: every parameter once (tied ones once), except the input
+    embedding's, of which a step reads one row (unless the output layer shares them), and the relative position
+    projections, whose products the memory cache keeps."""
+    embedding = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
+    read = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if not name.startswith(embedding + ".") and not name.endswith(("r_net.weight", "rel_attn.r")):
+            read[id(parameter)] = parameter.numel() * parameter.element_size()
+    return sum(read.values())
 
 
 if __name__ == "__main__":

@@ -20,12 +20,17 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
 - `bf16`: ours under `torch.autocast("cpu", torch.bfloat16)` against ours in fp32 (evaluation and training);
 - `compile`: `torch.compile(model)` against eager, ours, evaluation and training forward + backward; failures are
   reported, with their error, instead of stopping the run (the first configuration only);
-- `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references;
+- `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references, and ours
+  against the weight-streaming floor: the bytes of weights a decoding step must read (`streamed_weight_bytes`)
+  over the memory bandwidth of a matrix-vector product (`measure_gemv_bandwidth`);
+- `contention`: Transformer-XL greedy decoding, ours and transformers 4.37.2, quiet, with a busy loop on one core
+  and beside a second torch process running its own threads (`bench_generation.CONTENTION`), and each side's
+  slowdown against its quiet time;
 - `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
   memory of the other half) against recomputing a sliding window for every token (the paper's evaluation
   speed-up, at CPU scale), attention lengths 128 ... 1024, batch 1;
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
-  and again last, the higher kept.
+  and again last, the higher kept, and the memory bandwidth of a matrix-vector product (`generation` needs it).
 
 Configurations: `issue` (d_model 512, 6 layers, 8 heads, d_inner 2048, vocabulary 32000, batch 4 x 512 tokens,
 memory 512; Transformer-XL cutoffs [4000, 12000], div_val 1), `wt103` (transfo-xl-wt103's shapes, 2 of its 18
@@ -41,7 +46,10 @@ default DIR: benchmark-results.
 
 import argparse
 import json
+import os
 import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,9 +113,11 @@ QUICK_CASES = [
     Case("tiny", "xlnet", dict(ISSUE_XLNET, vocab_size=1000, d_model=32, n_head=4, d_inner=64, n_layer=2, mem_len=16),
          batch=2, length=16),
 ]  # fmt: skip
-WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "stream"]
+WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "contention", "stream"]
 # Square sizes of the matmul peak (by --quick): MKL's fp32 kernels peak anywhere from 1024 to 4096 on these CPUs.
 PEAK_SIZES = {False: (1024, 2048, 4096), True: (256, 512)}
+# Rows of the matrix-vector bandwidth's [rows, 512] fp32 matrix (by --quick): 64 MiB, far beyond any cache.
+GEMV_ROWS = {False: 32768, True: 4096}
 MODEL_NAMES = {"transfo-xl": "Transformer-XL", "xlnet": "XLNet"}
 
 
@@ -225,6 +235,7 @@ class Run:
     rows: list = field(default_factory=list)
     peak_flops: dict = field(default_factory=dict)  # dtype -> the highest of peak_measurements
     peak_measurements: list = field(default_factory=list)
+    gemv_bandwidth: float = 0.0  # bytes/s, the best of the matrix-vector measurements
 
     def worker(self, folder, implementation, python=None, env=None):
         """A worker process for one side; `env` (the memory measurement's) replaces --keep-freed-memory's."""
@@ -318,6 +329,28 @@ def measure_peak(run: Run, when: str):
         run.peak_measurements.append({"when": when, "dtype": name, "flops": best[0], "size": best[1]})
         run.peak_flops[name] = max(run.peak_flops.get(name, 0.0), best[0])
         print(f"matmul peak {name} ({when}, best at {best[1]}x{best[1]}): {best[0] / 1e9:.0f} GFLOP/s")
+    for threads in sorted({1, run.args.threads}):
+        torch.set_num_threads(threads)
+        bandwidth = gemv_bandwidth(GEMV_ROWS[run.args.quick])
+        run.peak_measurements.append({"when": when, "gemv_threads": threads, "bytes_per_second": bandwidth})
+        run.gemv_bandwidth = max(run.gemv_bandwidth, bandwidth)
+        print(f"matrix-vector bandwidth, fp32, {threads} thread(s) ({when}): {bandwidth / 1e9:.1f} GB/s")
+    torch.set_num_threads(run.args.threads)
+
+
+def gemv_bandwidth(rows, calls=5):
+    """Bytes/s of the best of `calls` products of a [rows, 512] fp32 matrix with one vector, asked of BLAS both ways
+    (`F.linear` and `decoding_linear.linear`), after warm-up: how fast this machine streams weights from memory,
+    which bounds a decoding step."""
+    from transformers_xl.modeling.decoding_linear import linear
+
+    weight, vector = torch.randn(rows, 512), torch.randn(1, 512)
+    best = 0.0
+    for product in (lambda: torch.nn.functional.linear(vector, weight), lambda: linear(vector, weight)):
+        for _ in range(2):
+            product()
+        best = max(best, weight.numel() * weight.element_size() / min(seconds(product) for _ in range(calls)))
+    return best
 
 
 def reference_worker(run: Run, case: Case, folder: Path):
@@ -409,25 +442,67 @@ def measure_variants(run: Run, case: Case, folder: Path, variant: str):
 
 def measure_generation(run: Run):
     """bench_generation.py's measurements (greedy decoding, batch 1), with the issue configuration's vocabulary
-    split; mem_len 1600 so that the memory covers the prompts."""
+    split; mem_len 1600 so that the memory covers the prompts. Then ours at the shortest prompt against the
+    weight-streaming floor."""
     import bench_generation
+    import transformers_xl
 
-    if run.args.quick:
-        txl = dict(QUICK_CASES[0].config, mem_len=64)
-        xlnet = dict(QUICK_CASES[1].config, mem_len=None)
-        prompts, new_tokens = [8], 4
-    else:
-        txl, xlnet = dict(bench_generation.CONFIG, cutoffs=ISSUE_TRANSFO_XL["cutoffs"]), bench_generation.XLNET_CONFIG
-        prompts, new_tokens = [64, 1024], 12
+    txl, xlnet, prompts, new_tokens = generation_setup(run)
     python = legacy_python(run.args.legacy_python)
     name = QUICK_CASES[0].name if run.args.quick else "issue"
     results, same = bench_generation.bench_transfo_xl(prompts, run.args.rounds, python, txl, new_tokens)
     for prompt, sides in results.items():
         sides = {side: sides.get(side) for side in ("ours (cache)", "legacy 4.37.2", "ours (recompute)")}
         run.add("generation", name, "Transformer-XL", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
+    ours = {"Transformer-XL": results[min(prompts)]["ours (cache)"]}
     results, same = bench_generation.bench_xlnet(prompts, run.args.rounds, config=xlnet, new_tokens=new_tokens)
     for prompt, sides in results.items():
         run.add("generation", name, "XLNet", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
+    ours["XLNet"] = results[min(prompts)]["ours"]
+
+    if not run.gemv_bandwidth:
+        measure_peak(run, "for the floor")
+    models = {
+        "Transformer-XL": transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**txl)),
+        "XLNet": transformers_xl.XLNetLMHeadModel(transformers_xl.XLNetConfig(**xlnet)),
+    }
+    for model, values in ours.items():
+        weight_bytes = bench_generation.streamed_weight_bytes(models[model])
+        floor = weight_bytes / run.gemv_bandwidth
+        run.add("floor", name, model, f"greedy, prompt {min(prompts)}", "s/token",
+                {"ours": values, "weight-streaming floor": [floor]}, weight_bytes=weight_bytes,
+                gemv_bytes_per_second=run.gemv_bandwidth)  # fmt: skip
+        print_row(run.rows[-1])
+
+
+def generation_setup(run: Run):
+    """(Transformer-XL config, XLNet config, prompt lengths, new tokens) of the generation workloads."""
+    import bench_generation
+
+    if run.args.quick:
+        return dict(QUICK_CASES[0].config, mem_len=64), dict(QUICK_CASES[1].config, mem_len=None), [8], 4
+    txl = dict(bench_generation.CONFIG, cutoffs=ISSUE_TRANSFO_XL["cutoffs"])
+    return txl, bench_generation.XLNET_CONFIG, [64, 1024], 12
+
+
+def measure_contention(run: Run):
+    """Transformer-XL greedy decoding (the generation workload's model, shortest prompt), ours and transformers
+    4.37.2 alternating, quiet and beside each kind of `bench_generation.CONTENTION`; each side's slowdown is its
+    median time per token over its quiet one."""
+    import bench_generation
+
+    txl, _, prompts, new_tokens = generation_setup(run)
+    python = legacy_python(run.args.legacy_python)
+    results = bench_generation.bench_contention(run.args.rounds, python, txl, new_tokens, min(prompts),
+                                                run.args.threads)  # fmt: skip
+    quiet = {side: statistics.median(values) for side, values in results["quiet"].items()}
+    name = QUICK_CASES[0].name if run.args.quick else "issue"
+    for kind, sides in results.items():
+        sides = {side: sides.get(side) for side in ("ours", "legacy 4.37.2")}
+        slowdown = {side: statistics.median(values) / quiet[side] for side, values in sides.items() if values}
+        run.add("contention", name, "Transformer-XL", kind, "s/token", sides, slowdown=slowdown)
+        print_row(run.rows[-1])
+
 
 def per_token(function):
     """Seconds per token of a call that returns how many tokens it predicted."""
@@ -525,6 +600,13 @@ SECTIONS = {
                  ["configuration", "model", "workload", "compiled", "eager", "speed-up"]),
     "generation": ("Generation, greedy, batch 1: new tokens/s, median / best; speed-up = reference time / ours",
                    ["configuration", "model", "prompt", "ours", "reference", "speed-up", "ours without the cache"]),
+    "floor": ("Generation against the weight-streaming floor (weights a step reads / matrix-vector bandwidth): new "
+              "tokens/s, median / best; ours' time over the floor's",
+              ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token"]),
+    "contention": ("Transformer-XL greedy decoding beside other work, batch 1: new tokens/s, median / best; slowdown = "
+                   "median time per token over the same side's quiet one",
+                   ["configuration", "model", "contention", "ours", "reference", "speed-up", "ours' slowdown",
+                    "reference's slowdown"]),
     "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
                ["configuration", "model", "attention", "with memory", "sliding window", "speed-up"]),
 }  # fmt: skip
@@ -532,7 +614,7 @@ SECTIONS = {
 
 def markdown(run: Run) -> str:
     lines = [
-        f"torch {torch.__version__}, {run.args.threads} threads; matmul peak "
+        f"{cpu_model()}; torch {torch.__version__}, {run.args.threads} threads; matmul peak "
         + ", ".join(f"{name} {flops / 1e9:,.0f} GFLOP/s" for name, flops in run.peak_flops.items())
         + ("; workers with glibc keeping freed memory (--keep-freed-memory)" if run.args.keep_freed_memory else ""),
     ]
@@ -545,17 +627,33 @@ def markdown(run: Run) -> str:
             sides = list(row["sides"].items())
             other_name, other = sides[1] if len(sides) > 1 else ("", {"status": "not measured"})
             other_cell = cell(other, row)
-            if section in ("throughput", "memory", "generation"):
+            if section in ("throughput", "memory", "generation", "contention"):
                 other_cell += f" ({other_name})"
             r = row["ratio"]
+            if section == "floor" and r:  # (ours' time over the floor's, where the speed-up would be the inverse)
+                r = 1 / r
             cells = [row["config"], row["model"], row["workload"], cell(sides[0][1], row), other_cell,
                      f"{r:.2f}x" if r is not None else "-"]  # fmt: skip
             if section == "throughput":
                 cells.append(percent_of_peak(run, row))
             if section == "generation":  # Transformer-XL: ours recomputing the sequence at every step
                 cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
+            if section == "floor":
+                cells.append(f"{row['weight_bytes'] / 2**20:,.1f} MiB at {row['gemv_bytes_per_second'] / 1e9:.1f} GB/s")
+            if section == "contention":
+                cells += [f"{row['slowdown'][side]:.2f}x" if side in row["slowdown"] else "-" for side, _ in sides]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as `lscpu` gives it ("Model name"), or /proc/cpuinfo's where lscpu is missing."""
+    try:
+        listing = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        listing = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    found = re.search(r"^model name\s*:\s*(.+)$", listing, re.IGNORECASE | re.MULTILINE)
+    return found.group(1).strip() if found else "unknown CPU"
 
 
 def percent_of_peak(run: Run, row):
@@ -606,13 +704,18 @@ def main():
             measure_stream(run, case, folder)
     if "generation" in workloads:
         measure_generation(run)
+    if "contention" in workloads:
+        measure_contention(run)
     if "peak" in workloads:
         measure_peak(run, "end")
 
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     results = {
+        "cpu": cpu_model(),
+        "cpu_count": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
+        "gemv_bytes_per_second": run.gemv_bandwidth,
         "threads": args.threads,
         "quick": args.quick,
         "legacy_python": legacy_python(args.legacy_python),

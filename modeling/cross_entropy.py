@@ -12,10 +12,12 @@ cluster those are several fresh [N, vocabulary] tensors per step, each paid for 
   the logits' size at all.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+
+from .library_ops import define
 
 IGNORE_INDEX = -100  # (transformers' label for "no target here")
 
@@ -113,40 +115,23 @@ CHUNK_ELEMENTS, MIN_CHUNK_ROWS = 1 << 21, 128
 def linear_cross_entropy(softmaxes: list[Softmax], num_rows: int) -> torch.Tensor:
     """[num_rows] NLL summed over the softmaxes that score each row: -log softmax(h W^T + b)_target, in fp32 or wider.
 
-    In eager mode the logits are made chunk by chunk of rows, and with gradients each chunk's gradient
-    (softmax - onehot, times the output layer for the hidden states, times the hidden states for the weights) is
-    accumulated during the forward pass, so that only gradients of the inputs' sizes are kept, never one of the
-    logits' [N, vocabulary] size. The backward pass scales them by the incoming gradient when every scored row gets
-    the same one (a sum or a mean of the NLL: the losses of language modelling); otherwise it recomputes them with
-    each row's weight. Under torch.compile (which cannot trace the chunked passes) it is the plain composition."""
-    if torch.compiler.is_compiling():
-        return _composed_cross_entropy(softmaxes, num_rows)
+    The logits are made chunk by chunk of rows, and with gradients each chunk's gradient (softmax - onehot, times the
+    output layer for the hidden states, times the hidden states for the weights) is accumulated during the forward
+    pass, so that only gradients of the inputs' sizes are kept, never one of the logits' [N, vocabulary] size. The
+    backward pass scales them by the incoming gradient when every scored row gets the same one (a sum or a mean of
+    the NLL: the losses of language modelling); otherwise it recomputes them with each row's weight. Under
+    torch.compile the same passes run as one custom operator (`linear_cross_entropy_op`)."""
     device = softmaxes[0].hidden.device.type
     if torch.is_autocast_enabled(device):  # (the products in autocast's dtype, as F.linear would run them)
         dtype = torch.get_autocast_dtype(device)
         softmaxes = [_cast(softmax, dtype) for softmax in softmaxes]
     tensors, layout = _tensor_layout(softmaxes)
+    if torch.compiler.is_compiling():
+        needs_gradients = [torch.is_grad_enabled() and tensor.requires_grad for tensor in tensors]
+        targets, rows, logits = ([getattr(s, name) for s in layout] for name in ("target", "rows", "logits"))
+        return linear_cross_entropy_op(tensors, targets, rows, logits, _encode(layout), num_rows, needs_gradients)[0]
     with torch.autocast(device, enabled=False):
         return _LinearCrossEntropy.apply(layout, num_rows, *tensors)
-
-
-def _composed_cross_entropy(softmaxes, num_rows):
-    nll = None
-    for softmax in softmaxes:
-        logits = softmax.logits
-        if logits is None:
-            logits = torch.cat([_part_logits(softmax.hidden, part) for part in softmax.parts], -1)
-        softmax_nll = softmax_cross_entropy(logits, softmax.target)
-        if softmax.rows is None:
-            nll = softmax_nll if nll is None else nll + softmax_nll
-        else:
-            nll = (softmax_nll.new_zeros(num_rows) if nll is None else nll).index_add(0, softmax.rows, softmax_nll)
-    return nll
-
-
-def _part_logits(hidden, part):
-    bias = None if part.bias is None else part.bias[part.start : part.end]
-    return F.linear(hidden, part.weight[part.start : part.end], bias)
 
 
 def _cast(softmax, dtype):
@@ -337,3 +322,109 @@ def _add_rows(nll, rows, values):
         nll[rows] += values
     else:
         nll.index_add_(0, rows, values)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The same passes as custom operators, for torch.compile (which cannot trace chunks over data-dependent rows)
+
+
+def _encode(layout) -> list[int]:
+    """The tensor indices of `_tensor_layout`'s softmaxes as integers: per softmax its hidden states and number of
+    parts, then per part its weight, bias (-1: none), first and last class."""
+    codes = []
+    for softmax in layout:
+        codes += [softmax.hidden, len(softmax.parts)]
+        for part in softmax.parts:
+            codes += [part.weight, -1 if part.bias is None else part.bias, part.start, part.end]
+    return codes
+
+
+def _decode(codes, targets, rows, logits):
+    """The inverse of `_encode`, with each softmax's targets, rows and logits (None where absent)."""
+    layout, position = [], 0
+    for target, softmax_rows, softmax_logits in zip(targets, rows, logits):
+        hidden, count = codes[position : position + 2]
+        parts = []
+        for first in range(position + 2, position + 2 + 4 * count, 4):
+            weight, bias, start, end = codes[first : first + 4]
+            parts.append(SoftmaxPart(weight, None if bias < 0 else bias, start, end))
+        layout.append(Softmax(hidden, target, tuple(parts), softmax_rows, softmax_logits))
+        position += 2 + 4 * count
+    return layout
+
+
+def _linear_cross_entropy_op(
+    tensors: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    rows: list[Optional[torch.Tensor]],
+    logits: list[Optional[torch.Tensor]],
+    codes: list[int],
+    num_rows: int,
+    needs_gradients: list[bool],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """linear_cross_entropy on `_tensor_layout`'s tensors and `_encode`'s codes: the NLL and the gradients of the
+    tensors that need them (empty for the others), made in the forward pass as in eager mode."""
+    gradients = _zero_gradients(tensors, needs_gradients)
+    nll = torch.zeros(num_rows, dtype=softmax_dtype(tensors[0].dtype), device=tensors[0].device)
+    with torch.autocast(tensors[0].device.type, enabled=False):
+        _accumulate(_decode(codes, targets, rows, logits), tensors, nll, gradients if any(needs_gradients) else None,
+                    row_weights=None)  # fmt: skip
+    return nll, _or_empty(gradients, tensors)
+
+
+def _linear_cross_entropy_op_fake(tensors, targets, rows, logits, codes, num_rows, needs_gradients):
+    nll = tensors[0].new_empty(num_rows, dtype=softmax_dtype(tensors[0].dtype))
+    return nll, [t.new_empty(t.shape if need else 0) for t, need in zip(tensors, needs_gradients)]
+
+
+def _or_empty(gradients, tensors):
+    return [tensor.new_empty(0) if gradient is None else gradient for gradient, tensor in zip(gradients, tensors)]
+
+
+def _setup_linear_cross_entropy_op(ctx, inputs, output):
+    tensors, targets, rows, _, codes, num_rows, needs_gradients = inputs
+    ctx.save_for_backward(*tensors, *output[1], *targets, *(r for r in rows if r is not None))
+    ctx.counts = len(tensors), len(targets), [r is not None for r in rows]
+    ctx.codes, ctx.num_rows, ctx.needs_gradients = codes, num_rows, needs_gradients
+
+
+def _linear_cross_entropy_op_backward(ctx, grad_nll, _):
+    count, softmaxes, has_rows = ctx.counts
+    saved = iter(ctx.saved_tensors)
+    tensors, gradients, targets = ([next(saved) for _ in range(n)] for n in (count, count, softmaxes))
+    rows = [next(saved) if present else None for present in has_rows]
+    gradients = linear_cross_entropy_backward_op(grad_nll, gradients, tensors, targets, rows, ctx.codes,
+                                                 ctx.needs_gradients)  # fmt: skip
+    return [g if need else None for g, need in zip(gradients, ctx.needs_gradients)], None, None, None, None, None, None
+
+
+def _linear_cross_entropy_backward_op(
+    grad_nll: torch.Tensor,
+    gradients: list[torch.Tensor],
+    tensors: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    rows: list[Optional[torch.Tensor]],
+    codes: list[int],
+    needs_gradients: list[bool],
+) -> list[torch.Tensor]:
+    """The backward pass of `_linear_cross_entropy_op`, as `_LinearCrossEntropy.backward` (out of place: an
+    operator's outputs are its own tensors)."""
+    layout = _decode(codes, targets, rows, [None] * len(targets))
+    weight = _common_value(grad_nll, layout)
+    if weight is not None:
+        return [gradient * weight for gradient in gradients]
+    gradients = _zero_gradients(tensors, needs_gradients)
+    with torch.autocast(tensors[0].device.type, enabled=False):
+        _accumulate(layout, tensors, None, gradients, row_weights=grad_nll)
+    return _or_empty(gradients, tensors)
+
+
+def _linear_cross_entropy_backward_op_fake(grad_nll, gradients, tensors, targets, rows, codes, needs_gradients):
+    return [torch.empty_like(gradient) for gradient in gradients]
+
+
+linear_cross_entropy_op = define(__package__ or __name__, "linear_cross_entropy", _linear_cross_entropy_op,
+                                 _linear_cross_entropy_op_fake, _linear_cross_entropy_op_backward,
+                                 _setup_linear_cross_entropy_op)  # fmt: skip
+linear_cross_entropy_backward_op = define(__package__ or __name__, "linear_cross_entropy_backward",
+                                          _linear_cross_entropy_backward_op, _linear_cross_entropy_backward_op_fake)

@@ -10,7 +10,15 @@ up to the order of the floating-point sums.
 
 Everything else (GPU, half precision, more than `MAX_ROWS` rows, one row into a narrower output, where the
 matrix-vector path is the faster one, or torch.compile) goes to `F.linear` unchanged.
+
+A decoding step is also too small to split between threads: each of its hundreds of small operations ends at a
+barrier where OpenMP's threads wait for each other, so when another process holds a core (a training run, a
+tokenizer, a busy loop) every operation waits for a thread the OS has not scheduled, and a step took 10x as long
+beside a second torch process. `on_decoding_threads` runs decoding steps on `DECODING_THREADS` threads.
 """
+
+import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -46,3 +54,41 @@ class DecodingLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+# Threads of a decoding step (see the module docstring; None: torch's own setting). One thread decodes as fast as
+# two on a quiet 2-core machine, and a busy core then costs a step nothing (`benchmarks/bench_generation.py
+# --contention` measures both).
+DECODING_THREADS = 1
+# A forward pass that feeds a cache at most this many tokens (all sequences together) is a decoding step.
+DECODING_STEP_TOKENS = 16
+
+
+def on_decoding_threads(forward):
+    """Decorator of a language model's `forward(input_ids, ..., cache=...)`: a decoding step (a cache, at most
+    `DECODING_STEP_TOKENS` input ids, on CPU, no gradients) runs with torch limited to `DECODING_THREADS` threads,
+    and torch's setting is restored afterwards."""
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def wrapper(*args, **kwargs):
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        input_ids, previous = arguments.get("input_ids"), torch.get_num_threads()
+        if (
+            DECODING_THREADS is None
+            or DECODING_THREADS >= previous
+            or arguments.get("cache") is None
+            or input_ids is None
+            or input_ids.numel() > DECODING_STEP_TOKENS
+            or input_ids.device.type != "cpu"
+            or torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+        ):
+            return forward(*args, **kwargs)
+        torch.set_num_threads(DECODING_THREADS)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            torch.set_num_threads(previous)
+
+    return wrapper

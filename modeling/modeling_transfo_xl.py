@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
-from .decoding_linear import DecodingLinear, linear
+from .decoding_linear import DecodingLinear, linear, on_decoding_threads
 from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
@@ -91,6 +91,7 @@ class TransfoXLPositionalEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", sinusoid_inverse_frequencies(d_model))  # persistent: legacy files hold it
 
+    @on_decoding_threads
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return sinusoid_encoding(positions, self.inv_freq)
 

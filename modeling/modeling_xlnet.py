@@ -35,7 +35,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
-from .decoding_linear import DecodingLinear, linear
+from .decoding_linear import DecodingLinear, linear, on_decoding_threads
 from .input_checks import (
     check_class_ids,
     check_inputs,
@@ -859,6 +859,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         self.lm_loss = new_embeddings
 
     @can_return_tuple
+    @on_decoding_threads
     def forward(
         self,
         input_ids=None,

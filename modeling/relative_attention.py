@@ -14,10 +14,12 @@ All tensors here are batch-first: hidden states [batch, length, dim], heads [bat
 """
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+
+from .library_ops import define
 
 
 def sinusoid_inverse_frequencies(dim: int) -> torch.Tensor:
@@ -248,13 +250,26 @@ def relative_attention(
     Queries are processed in blocks of rows (`SCORE_BLOCK_ELEMENTS`; see `_blocks`). Without gradients each block goes
     through torch's fused `scaled_dot_product_attention`, with the other terms as its float mask (without a mask the
     shifted view itself, never copied); with gradients through `_TrainingAttention`, whose backward pass is written
-    out (see there). `output_attentions=True` computes the scores explicitly, in one block. Masked scores get the
-    dtype's most negative finite value rather than -inf, so a fully masked query row (a padding position) yields
-    finite output instead of NaN.
+    out (see there). Under torch.compile both run as one custom operator (`attention_op`). `output_attentions=True`
+    computes the scores explicitly, in one block. Masked scores get the dtype's most negative finite value rather
+    than -inf, so a fully masked query row (a padding position) yields finite output instead of NaN.
     """
+    if output_attentions:
+        return _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, True)
     tensors = (query, key, value, content_bias, score_bias) + (() if positions is None else positions[:2])
-    if not output_attentions and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    differentiable = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if torch.compiler.is_compiling():
+        return _compiled_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout,
+                                   differentiable), None  # fmt: skip
+    if differentiable:
         return _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout), None
+    return _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, False)
+
+
+def _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal, dropout,
+                         output_attentions):  # fmt: skip
+    """relative_attention without a written-out backward pass: blocks of queries through `_attention_block` (one
+    block with `output_attentions`)."""
     length = query.shape[2]
     outputs, probs, workspace = [], None, Workspace()
     block = length if output_attentions else _block_rows(query, key, SCORE_BLOCK_ELEMENTS)
@@ -284,10 +299,8 @@ def _in_order(outputs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _block_rows(query, key, elements: int) -> int:
-    """Query rows per block for `elements` scores per block: all of them under torch.compile (which fuses the passes
-    itself, and would otherwise specialise the graph on the number of blocks, hence on the length)."""
-    if torch.compiler.is_compiling():
-        return query.shape[2]
+    """Query rows per block for `elements` scores per block. (Never under torch.compile, which would specialise the
+    graph on the number of blocks, hence on the length: a compiled graph runs the blocks inside `attention_op`.)"""
     return max(1, elements // (query.shape[0] * query.shape[1] * key.shape[2]))
 
 
@@ -337,116 +350,272 @@ def _attention_block(query, key, value, content_bias, bias, mask, dropout, outpu
     return torch.matmul(F.dropout(probs, p=dropout, training=dropout > 0), value), probs
 
 
-def _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout):
-    """`_TrainingAttention` on inputs of one dtype: the query's, or autocast's lower precision, in which autocast
-    would have run the products (the function runs with autocast off, so that its backward sees the same dtypes)."""
+def _in_one_dtype(query, key, value, content_bias, positions, score_bias):
+    """The tensors of an attention call in one dtype: the query's, or autocast's lower precision, in which autocast
+    would have run the products (the written-out passes run with autocast off, so that backward sees the same
+    dtypes): [query, key, value, content_bias, position_keys, position_bias, score_bias] (None where absent)."""
     device = query.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
     position_keys, position_bias = positions[:2] if positions is not None else (None, None)
-    tensors = [t if t is None else t.to(dtype) for t in (query, key, value, content_bias, position_keys,
-                                                         position_bias, score_bias)]  # fmt: skip
+    return [t if t is None else t.to(dtype) for t in (query, key, value, content_bias, position_keys, position_bias,
+                                                      score_bias)]  # fmt: skip
+
+
+def _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout):
+    """`_TrainingAttention` on inputs of one dtype (see `_in_one_dtype`)."""
+    tensors = _in_one_dtype(query, key, value, content_bias, positions, score_bias)
     layout = None if positions is None else positions._replace(keys=None, bias=None)  # (tensors go in on their own)
-    with torch.autocast(device, enabled=False):
-        block = _block_rows(query, key, STORED_BLOCK_ELEMENTS)
-        return _TrainingAttention.apply(*tensors, mask, layout, causal, block, dropout)
+    with torch.autocast(query.device.type, enabled=False):
+        return _TrainingAttention.apply(*tensors, mask, layout, causal, dropout)
 
 
 class _TrainingAttention(torch.autograd.Function):
-    """relative_attention with gradients, block by block, with its backward pass written out.
-
-    Per block: scores S = (q + u) k^T / sqrt(d) + shift((q + v) W_kR R) + score bias, masked; P = softmax(S), kept
-    (the one score-sized tensor stored per block, plus the dropout mask if any); output P V. Backward: dV = P^T dO,
-    dP = dO V^T, dS = P * (dP - rowsum(dP * P)) (softmax's Jacobian), then dS is the gradient of every score term
-    at once: dq = dS k / sqrt(d) + unshift(dS) W_kR R, dk = dS^T (q + u) / sqrt(d), d(W_kR R) = unshift(dS)^T (q + v).
-    Autograd would do the same products, but around them it fills and adds full-length zero tensors for the
-    key / value slices of every causal block, copies transposed key gradients and keeps the shifted view's
-    buffers; here every gradient is accumulated in place into one tensor of its input's size.
-    """
+    """relative_attention with gradients, block by block, with its backward pass written out (`_attention_forward`,
+    `_attention_backward`), each block's probabilities kept in a tensor of its own."""
 
     @staticmethod
     def forward(ctx, query, key, value, content_bias, position_keys, position_bias, score_bias, mask, positions, causal,
-                block, dropout):  # fmt: skip
+                dropout):  # fmt: skip
         # (`positions`: RelativePositions' offset and folded mask; its tensors are inputs of their own, for autograd)
-        positions = None if positions is None else positions._replace(keys=position_keys)
-        length, key_length = query.shape[2], key.shape[2]
-        lowest = torch.finfo(query.dtype).min
-        outputs, saved, workspace = [], [], Workspace()
-        for start, end, keys, first in _blocks(length, key_length, block, causal):
-            content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
-            scores = torch.matmul(content_query, key[:, :, :keys].transpose(-1, -2))
-            if position_keys is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
-                block_positions = positions.block(first, start)
-                scores.add_(relative_position_scores(
-                    position_query, block_positions.keys, None, keys, block_positions.offset,
-                    block_positions.masked_far, workspace,
-                ))  # fmt: skip
-            if score_bias is not None:
-                scores.add_(_rows(score_bias, start, end, keys))
-            if mask is not None:
-                scores.masked_fill_(_rows(mask, start, end, keys), lowest)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
-            kept = None
-            if dropout > 0:
-                kept = torch.rand_like(probs) >= dropout
-                saved.append(kept)
-            outputs.append(torch.matmul(probs if kept is None else probs * kept / (1 - dropout), value[:, :, :keys]))
-            saved.append(probs)
-        ctx.save_for_backward(query, content_bias, position_bias, key, value, position_keys, *saved)
+        positions = None if positions is None else positions._replace(keys=position_keys, bias=position_bias)
+        stored = []
+
+        def store(shape, dtype):
+            stored.append(query.new_empty(shape, dtype=dtype))
+            return stored[-1]
+
+        output = _attention_forward(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, store)
+        ctx.save_for_backward(query, key, value, content_bias, position_keys, position_bias, *stored)
         ctx.score_bias_shape = None if score_bias is None else score_bias.shape
-        ctx.positions = None if positions is None else positions._replace(keys=None)
-        ctx.causal, ctx.block, ctx.dropout = causal, block, dropout
-        return _in_order(outputs)
+        ctx.positions = None if positions is None else positions._replace(keys=None, bias=None)
+        ctx.causal, ctx.dropout = causal, dropout
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        query, content_bias, position_bias, key, value, position_keys, *saved = ctx.saved_tensors
-        length, key_length, scale = query.shape[2], key.shape[2], query.shape[-1] ** -0.5
-        grad_query = query.new_empty(query.shape)
-        # (contiguous, unlike zeros_like of strided keys: _accumulate_product views them)
-        grad_key, grad_value = key.new_zeros(key.shape), value.new_zeros(value.shape)
-        grad_position = None if position_keys is None else query.new_empty(query.shape)
-        grad_position_keys = None if position_keys is None else torch.zeros_like(position_keys)
-        grad_score_bias = None
-        if ctx.score_bias_shape is not None and ctx.needs_input_grad[6]:
-            grad_score_bias = grad_output.new_zeros(ctx.score_bias_shape)
-        per_block = 2 if ctx.dropout > 0 else 1
-        # (the score and position-score gradients of each block are consumed within it)
-        compiling = torch.compiler.is_compiling()
-        score_workspace, position_workspace = (None, None) if compiling else (Workspace(), Workspace())
-        blocks = _blocks(length, key_length, ctx.block, ctx.causal)
-        for index, (start, end, keys, first) in enumerate(blocks):
-            *kept, probs = saved[per_block * index : per_block * (index + 1)]
-            kept = kept[0] if kept else None
-            content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
-            d_out = grad_output[:, :, start:end]
-            kept_probs = probs if kept is None else probs * kept / (1 - ctx.dropout)
-            _accumulate_product(grad_value[:, :, :keys], kept_probs.transpose(-1, -2), d_out)
-            d_probs = _take(score_workspace, probs.shape, probs)
-            d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2), out=d_probs)
-            if kept is not None:
-                d_probs = d_probs.mul_(kept).div_(1 - ctx.dropout)
-            # dS = P * (dP - rowsum(dP * P)), written over dP (masked cells: P = 0, dS = 0)
-            d_scores = torch.ops.aten._softmax_backward_data.out(d_probs, probs, -1, probs.dtype, grad_input=d_probs)
-            torch.matmul(d_scores, key[:, :, :keys], out=grad_query[:, :, start:end])
-            _accumulate_product(grad_key[:, :, :keys], d_scores.transpose(-1, -2), content_query)
-            if grad_score_bias is not None:
-                _rows(grad_score_bias, start, end, keys).add_(_sum_to(d_scores, _rows(grad_score_bias, start, end, keys)))
-            if position_keys is not None:
-                block_positions = ctx.positions._replace(keys=position_keys).block(first, start)
-                d_shifted = _keys_layout(d_scores, position_keys)
-                unshifted_shape = (*d_shifted.shape[:-1], block_positions.keys.shape[-2])
-                d_unshifted = _unshift(d_shifted, unshifted_shape, keys, block_positions.offset,
-                                       _take(position_workspace, unshifted_shape, d_shifted))  # fmt: skip
-                d_query, d_keys = _position_products_backward(d_unshifted, position_query, block_positions.keys)
-                grad_position[:, :, start:end] = d_query
-                grad_position_keys[..., first:, :] += d_keys
-        grad_content = grad_query.mul_(scale)  # (the gradient of the content query (q + u) / sqrt(d), so far)
-        grad_content_bias = grad_content.sum((0, 2)) if content_bias is not None else None
-        grad_position_bias = grad_position.sum((0, 2)) if position_bias is not None else None
-        if grad_position is not None:
-            grad_query.add_(grad_position)
-        return (grad_query, grad_key, grad_value, grad_content_bias, grad_position_keys, grad_position_bias,
-                grad_score_bias, None, None, None, None, None)  # fmt: skip
+        query, key, value, content_bias, position_keys, position_bias, *stored = ctx.saved_tensors
+        positions = None if ctx.positions is None else ctx.positions._replace(keys=position_keys, bias=position_bias)
+        shape = ctx.score_bias_shape if ctx.needs_input_grad[6] else None
+        stored = iter(stored)
+        gradients = _attention_backward(grad_output, query, key, value, content_bias, positions, shape, ctx.causal,
+                                        ctx.dropout, lambda shape, dtype: next(stored))  # fmt: skip
+        return (*gradients, None, None, None, None)
+
+
+def _attention_forward(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, store):
+    """relative_attention with gradients to come, block by block: [B, H, q, d]. `store(shape, dtype)` gives the
+    tensor each block's probabilities (and, before them, its dropout mask) are kept in for `_attention_backward`.
+
+    Per block: scores S = (q + u) k^T / sqrt(d) + shift((q + v) W_kR R) + score bias, masked; P = softmax(S), kept
+    (the one score-sized tensor stored per block, plus the dropout mask if any); output P V."""
+    length, key_length = query.shape[2], key.shape[2]
+    lowest = torch.finfo(query.dtype).min
+    outputs, score_workspace, position_workspace = [], Workspace(), Workspace()
+    position_bias = None if positions is None else positions.bias
+    for start, end, keys, first in _blocks(length, key_length, _block_rows(query, key, STORED_BLOCK_ELEMENTS), causal):
+        content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
+        shape = (*query.shape[:2], end - start, keys)
+        scores = torch.matmul(content_query, key[:, :, :keys].transpose(-1, -2),
+                              out=score_workspace.take(shape, query))  # fmt: skip
+        if positions is not None:  # (gradients are off in here: the shifted view, not _RelativeShift)
+            block_positions = positions.block(first, start)
+            scores.add_(relative_position_scores(
+                position_query, block_positions.keys, None, keys, block_positions.offset,
+                block_positions.masked_far, position_workspace,
+            ))  # fmt: skip
+        if score_bias is not None:
+            scores.add_(_rows(score_bias, start, end, keys))
+        if mask is not None:
+            scores.masked_fill_(_rows(mask, start, end, keys), lowest)
+        kept = None
+        if dropout > 0:
+            kept = torch.ge(torch.rand(shape, dtype=query.dtype, device=query.device), dropout,
+                            out=store(shape, torch.bool))  # fmt: skip
+        probs, exact = store(shape, query.dtype), torch.promote_types(query.dtype, torch.float32)
+        if exact == query.dtype:
+            torch.ops.aten._softmax.out(scores, -1, False, out=probs)
+        else:
+            probs.copy_(torch.softmax(scores, dim=-1, dtype=exact))
+        outputs.append(torch.matmul(probs if kept is None else probs * kept / (1 - dropout), value[:, :, :keys]))
+    return _in_order(outputs)
+
+
+def _attention_backward(grad_output, query, key, value, content_bias, positions, score_bias_shape, causal, dropout,
+                        stored):  # fmt: skip
+    """Gradients of `_attention_forward` (query, key, value, content bias, position keys, position bias, score
+    bias; None for those absent, and for the score bias without `score_bias_shape`); `stored(shape, dtype)` gives
+    back, in the same order, what the forward pass stored.
+
+    Per block: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) (softmax's Jacobian), then dS is the
+    gradient of every score term at once: dq = dS k / sqrt(d) + unshift(dS) W_kR R, dk = dS^T (q + u) / sqrt(d),
+    d(W_kR R) = unshift(dS)^T (q + v). Autograd would do the same products, but around them it fills and adds
+    full-length zero tensors for the key / value slices of every causal block, copies transposed key gradients and
+    keeps the shifted view's buffers; here every gradient is accumulated in place into one tensor of its input's
+    size."""
+    position_keys, position_bias = (None, None) if positions is None else positions[:2]
+    length, key_length, scale = query.shape[2], key.shape[2], query.shape[-1] ** -0.5
+    grad_query = query.new_empty(query.shape)
+    # (contiguous, unlike zeros_like of strided keys: _accumulate_product views them)
+    grad_key, grad_value = key.new_zeros(key.shape), value.new_zeros(value.shape)
+    grad_position = None if position_keys is None else query.new_empty(query.shape)
+    grad_position_keys = None if position_keys is None else position_keys.new_zeros(position_keys.shape)
+    grad_score_bias = None if score_bias_shape is None else grad_output.new_zeros(score_bias_shape)
+    # (the score and position-score gradients of each block are consumed within it)
+    score_workspace, position_workspace = Workspace(), Workspace()
+    for start, end, keys, first in _blocks(length, key_length, _block_rows(query, key, STORED_BLOCK_ELEMENTS), causal):
+        shape = (*query.shape[:2], end - start, keys)
+        kept = stored(shape, torch.bool) if dropout > 0 else None
+        probs = stored(shape, query.dtype)
+        content_query, position_query = _biased_queries(query[:, :, start:end], content_bias, position_bias)
+        d_out = grad_output[:, :, start:end]
+        kept_probs = probs if kept is None else probs * kept / (1 - dropout)
+        _accumulate_product(grad_value[:, :, :keys], kept_probs.transpose(-1, -2), d_out)
+        d_probs = torch.matmul(d_out, value[:, :, :keys].transpose(-1, -2), out=score_workspace.take(shape, probs))
+        if kept is not None:
+            d_probs = d_probs.mul_(kept).div_(1 - dropout)
+        # dS = P * (dP - rowsum(dP * P)), written over dP (masked cells: P = 0, dS = 0)
+        d_scores = torch.ops.aten._softmax_backward_data.out(d_probs, probs, -1, probs.dtype, grad_input=d_probs)
+        torch.matmul(d_scores, key[:, :, :keys], out=grad_query[:, :, start:end])
+        _accumulate_product(grad_key[:, :, :keys], d_scores.transpose(-1, -2), content_query)
+        if grad_score_bias is not None:
+            _rows(grad_score_bias, start, end, keys).add_(_sum_to(d_scores, _rows(grad_score_bias, start, end, keys)))
+        if position_keys is not None:
+            block_positions = positions.block(first, start)
+            d_shifted = _keys_layout(d_scores, position_keys)
+            unshifted_shape = (*d_shifted.shape[:-1], block_positions.keys.shape[-2])
+            d_unshifted = _unshift(d_shifted, unshifted_shape, keys, block_positions.offset,
+                                   position_workspace.take(unshifted_shape, d_shifted))  # fmt: skip
+            d_query, d_keys = _position_products_backward(d_unshifted, position_query, block_positions.keys)
+            grad_position[:, :, start:end] = d_query
+            grad_position_keys[..., first:, :] += d_keys
+    grad_content = grad_query.mul_(scale)  # (the gradient of the content query (q + u) / sqrt(d), so far)
+    grad_content_bias = grad_content.sum((0, 2)) if content_bias is not None else None
+    grad_position_bias = grad_position.sum((0, 2)) if position_bias is not None else None
+    if grad_position is not None:
+        grad_query.add_(grad_position)
+    return (grad_query, grad_key, grad_value, grad_content_bias, grad_position_keys, grad_position_bias,
+            grad_score_bias)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The same passes as custom operators, for torch.compile: the compiler sees one operation with its gradient (and the
+# shapes from the fake kernels), and runs the blocks above inside it instead of tracing them, which would specialise
+# the graph on the number of blocks, hence on the length.
+
+
+def _compiled_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, differentiable):
+    """relative_attention inside a compiled graph, through `attention_op`."""
+    offset, masked_far = (0, None) if positions is None else positions[2:]
+    tensors = _in_one_dtype(query, key, value, content_bias, positions, score_bias)
+    output, _, _ = attention_op(*tensors, mask, offset, masked_far, causal, dropout, differentiable)
+    return output.transpose(1, 2)
+
+
+def _attention_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    content_bias: Optional[torch.Tensor],
+    position_keys: Optional[torch.Tensor],
+    position_bias: Optional[torch.Tensor],
+    score_bias: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    offset: int,
+    masked_far: Optional[int],
+    causal: bool,
+    dropout: float,
+    stored: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """relative_attention on tensors of one dtype (`RelativePositions` given by its fields): the output, laid out
+    [B, q, H, d] (the layout the output projection reads), and, if `stored` (gradients to come), what the backward
+    pass needs: the blocks' probabilities and dropout masks, one block after the other in a flat tensor each."""
+    positions = None if position_keys is None else RelativePositions(position_keys, position_bias, offset, masked_far)
+    probs, kept = _stored_buffers(query, key, dropout, stored)
+    with torch.autocast(query.device.type, enabled=False):
+        if stored:
+            output = _attention_forward(query, key, value, content_bias, positions, score_bias, mask, causal, dropout,
+                                        _Pieces(probs, kept))  # fmt: skip
+        else:
+            output, _ = _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal,
+                                             dropout, False)  # fmt: skip
+    return output.transpose(1, 2).contiguous(), probs, kept
+
+
+def _attention_op_fake(query, key, value, content_bias, position_keys, position_bias, score_bias, mask, offset,
+                       masked_far, causal, dropout, stored):  # fmt: skip
+    batch, heads, length, _ = query.shape
+    return (query.new_empty(batch, length, heads, value.shape[-1]), *_stored_buffers(query, key, dropout, stored))
+
+
+def _stored_buffers(query, key, dropout, stored):
+    """The flat probabilities and dropout masks of `_attention_op`: room for every (query, key) pair (causal blocks
+    use less), or nothing."""
+    size = query.shape[0] * query.shape[1] * query.shape[2] * key.shape[2] if stored else 0
+    return query.new_empty(size), query.new_empty(size if dropout > 0 else 0, dtype=torch.bool)
+
+
+class _Pieces:
+    """Consecutive pieces of flat buffers, one buffer per dtype, in the order they are asked for: `store` and
+    `stored` of `_attention_forward` and `_attention_backward`, which ask for the same pieces in the same order."""
+
+    def __init__(self, *buffers):
+        self.buffers, self.used = {buffer.dtype: buffer for buffer in buffers}, {}
+
+    def __call__(self, shape, dtype):
+        start, size = self.used.get(dtype, 0), math.prod(shape)
+        self.used[dtype] = start + size
+        return self.buffers[dtype][start : start + size].view(shape)
+
+
+def _setup_attention_op(ctx, inputs, output):
+    query, key, value, content_bias, position_keys, position_bias, score_bias, _, *layout, _ = inputs
+    ctx.save_for_backward(query, key, value, content_bias, position_keys, position_bias, *output[1:])
+    ctx.score_bias_shape = [] if score_bias is None else list(score_bias.shape)
+    ctx.layout = layout  # offset, masked_far, causal, dropout
+
+
+def _attention_op_backward(ctx, grad_output, _, __):
+    shape = ctx.score_bias_shape if ctx.needs_input_grad[6] else []
+    gradients = attention_backward_op(grad_output.transpose(1, 2), *ctx.saved_tensors, shape, *ctx.layout)
+    gradients = [gradient if needed else None for gradient, needed in zip(gradients, ctx.needs_input_grad)]
+    return *gradients, None, None, None, None, None, None
+
+
+def _attention_backward_op(
+    grad_output: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    content_bias: Optional[torch.Tensor],
+    position_keys: Optional[torch.Tensor],
+    position_bias: Optional[torch.Tensor],
+    probs: torch.Tensor,
+    kept: torch.Tensor,
+    score_bias_shape: list[int],
+    offset: int,
+    masked_far: Optional[int],
+    causal: bool,
+    dropout: float,
+) -> list[torch.Tensor]:
+    """`_attention_backward` for `_attention_op`: the gradients of its first seven inputs, empty where absent."""
+    positions = None if position_keys is None else RelativePositions(position_keys, position_bias, offset, masked_far)
+    with torch.autocast(query.device.type, enabled=False):
+        gradients = _attention_backward(grad_output, query, key, value, content_bias, positions,
+                                        score_bias_shape or None, causal, dropout, _Pieces(probs, kept))  # fmt: skip
+    return [query.new_empty(0) if gradient is None else gradient for gradient in gradients]
+
+
+def _attention_backward_op_fake(grad_output, query, key, value, content_bias, position_keys, position_bias, probs,
+                                kept, score_bias_shape, offset, masked_far, causal, dropout):  # fmt: skip
+    shapes = [query.shape, key.shape, value.shape] + [None if t is None else t.shape for t in
+                                                      (content_bias, position_keys, position_bias)]  # fmt: skip
+    return [query.new_empty(shape or 0) for shape in shapes + [score_bias_shape]]
+
+
+attention_op = define(__package__ or __name__, "relative_attention", _attention_op, _attention_op_fake,
+                      _attention_op_backward, _setup_attention_op)  # fmt: skip
+attention_backward_op = define(__package__ or __name__, "relative_attention_backward", _attention_backward_op,
+                               _attention_backward_op_fake)  # fmt: skip
 
 
 def _biased_queries(query, content_bias, position_bias):

@@ -66,3 +66,44 @@ def test_is_an_nn_linear_with_the_same_state_dict():
     ours.load_state_dict(plain.state_dict())
     assert isinstance(ours, nn.Linear)
     assert list(ours.state_dict()) == list(plain.state_dict())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decoding steps on DECODING_THREADS threads
+
+
+def tiny_language_models():
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    txl = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=60, cutoffs=[20, 40], d_model=16, d_embed=16, n_head=2,
+                                               d_head=8, d_inner=32, n_layer=2, mem_len=32, eos_token_id=None))
+    xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=60, d_model=16, n_layer=2, n_head=2, d_inner=32))
+    return {"transfo-xl": txl.eval(), "xlnet": xlnet.eval()}
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_decoding_steps_run_on_decoding_threads_and_restore_the_setting(model_type, monkeypatch):
+    """generate(): the prompt's forward pass keeps torch's thread count, every decoding step runs on
+    DECODING_THREADS, and the count is torch's again afterwards (also after a step that raised)."""
+    model = tiny_language_models()[model_type]
+    seen = []
+    model.transformer.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        prompt = torch.randint(1, 60, (1, 20), generator=torch.Generator().manual_seed(0))
+        model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert seen[0] == 3 and seen[1:] == [decoding_linear.DECODING_THREADS] * (len(seen) - 1) and len(seen) >= 3
+        assert torch.get_num_threads() == 3
+        monkeypatch.setattr(decoding_linear, "DECODING_THREADS", None)  # (torch's setting throughout)
+        seen.clear()
+        model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert set(seen) == {3}
+        monkeypatch.setattr(decoding_linear, "DECODING_THREADS", 1)
+        model.transformer.register_forward_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("failed step")))
+        with pytest.raises(RuntimeError, match="failed step"):
+            model.generate(prompt[:, :4], max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(previous)

@@ -1,0 +1,157 @@
+"""The custom operators torch.compile sees (`library_ops`): the blocked relative attention with its written-out
+backward pass, and the linear cross-entropy. `torch.library.opcheck` checks each one's schema, fake kernel, autograd
+registration and traced behaviour; compiled models call them (one operator per attention, none of the blocks'
+operations) and give eager's numbers and gradients; the graphs do not change with the length."""
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import transformers_xl.modeling.cross_entropy as cross_entropy
+import transformers_xl.modeling.relative_attention as attention
+from test_blocked_attention import attention_inputs, blocks_of  # noqa: F401 (a fixture)
+from test_compile import compile_fullgraph, graphs, memory_kwargs, tiny
+from test_linear_cross_entropy import TAIL_ROWS, problem
+
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def attention_op_arguments(grouped, causal, padding, score_term, stored=True):
+    inputs, _ = attention_inputs(grouped, causal, padding, score_term)
+    positions = inputs["positions"]
+    return (inputs["query"], inputs["key"], inputs["value"], inputs["content_bias"], positions.keys, positions.bias,
+            inputs["score_bias"], inputs["mask"], positions.offset, None, causal, 0.0, stored)  # fmt: skip
+
+
+@pytest.mark.parametrize("grouped,causal,padding,score_term", [(False, True, False, True), (True, False, True, False)])
+@pytest.mark.parametrize("stored", [True, False])
+def test_attention_operator_passes_opcheck(blocks_of, grouped, causal, padding, score_term, stored):
+    blocks_of(3)  # (several blocks: their probabilities share one flat output)
+    arguments = attention_op_arguments(grouped, causal, padding, score_term, stored)
+    torch.library.opcheck(attention.attention_op, arguments, test_utils=OPCHECK_TESTS)
+
+
+def test_attention_backward_operator_passes_opcheck(blocks_of):
+    blocks_of(3)
+    arguments = attention_op_arguments(grouped=False, causal=True, padding=True, score_term=True)
+    query, key, value, content_bias, position_keys, position_bias, score_bias, mask, offset, *_ = arguments
+    with torch.no_grad():
+        output, probs, kept = attention.attention_op(*arguments)
+    backward = (torch.randn_like(output).transpose(1, 2), query, key, value, content_bias, position_keys,
+                position_bias, probs, kept, list(score_bias.shape), offset, None, True, 0.0)  # fmt: skip
+    torch.library.opcheck(attention.attention_backward_op, [t.detach() if torch.is_tensor(t) else t for t in backward],
+                          test_utils=OPCHECK_TESTS[:3])  # fmt: skip
+
+
+def test_attention_operator_equals_the_eager_passes(blocks_of):
+    """The operator (what a compiled graph calls) against eager `relative_attention`, outputs and gradients, with a
+    folded mask as Transformer-XL gives it."""
+    blocks_of(3)
+    inputs, leaves = attention_inputs(grouped=False, causal=True, padding=False, score_term=True)
+    inputs["positions"] = inputs["positions"]._replace(masked_far=2)
+    inputs["mask"] = None
+    expected, _ = attention.relative_attention(**inputs)
+    upstream = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, leaves, upstream)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)
+        output, _ = attention.relative_attention(**inputs)
+    assert output.grad_fn.name() != "_TrainingAttentionBackward"
+    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
+    for got, want in zip(torch.autograd.grad(output, leaves, upstream), expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def linear_cross_entropy_op_arguments(needs_gradients=True):
+    t, head_target, tail_target = problem()
+    tensors = [t["hidden"], t["weight"], t["bias"], t["cluster_weight"], t["cluster_bias"], t["hidden"][TAIL_ROWS]]
+    codes = [0, 2, 1, 2, 0, 7, 3, 4, 0, 2] + [5, 1, 1, 2, 9, 17]  # the head (words 0-6, 2 clusters), a tail
+    targets, rows, logits = [head_target, tail_target], [None, TAIL_ROWS], [None, None]
+    needs = [needs_gradients] * 5 + [False]
+    return [tensor.detach().requires_grad_(need) for tensor, need in zip(tensors, needs)], targets, rows, logits, \
+        codes, len(head_target), needs
+
+
+@pytest.mark.parametrize("needs_gradients", [True, False])
+def test_linear_cross_entropy_operator_passes_opcheck(needs_gradients):
+    arguments = linear_cross_entropy_op_arguments(needs_gradients)
+    torch.library.opcheck(cross_entropy.linear_cross_entropy_op, arguments, test_utils=OPCHECK_TESTS)
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_linear_cross_entropy_backward_operator_passes_opcheck(uniform):
+    tensors, targets, rows, logits, codes, num_rows, needs = linear_cross_entropy_op_arguments()
+    with torch.no_grad():
+        _, gradients = cross_entropy.linear_cross_entropy_op(tensors, targets, rows, logits, codes, num_rows, needs)
+    grad_nll = torch.full((num_rows,), 0.5, dtype=torch.float64) if uniform else torch.rand(num_rows).double()
+    arguments = (grad_nll, gradients, [t.detach() for t in tensors], targets, rows, codes, needs)
+    torch.library.opcheck(cross_entropy.linear_cross_entropy_backward_op, arguments, test_utils=OPCHECK_TESTS[:3])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Compiled models
+
+
+def recording_backend(operators):
+    """A torch.compile backend that records the operators of every graph (forward and backward) it is given, then
+    runs them as aot_eager would."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def record(graph, _):
+        operators.update(node.target for node in graph.graph.nodes if node.op == "call_function")
+        return graph
+
+    return aot_autograd(fw_compiler=record, bw_compiler=record)
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_compiled_training_calls_the_operators(model_type):
+    """The graphs hold the attention and linear cross-entropy operators (forward and backward) and no softmax of
+    their own (the attention's and the loss's run inside the operators), and the loss and gradients are eager's."""
+    eager = tiny(model_type).train()
+    model = copy.deepcopy(eager)
+    operators = set()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=recording_backend(operators))
+    ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+    mems = eager(ids, **memory_kwargs(model_type)).mems
+    expected = eager(ids, labels=ids, mems=mems, **memory_kwargs(model_type)).loss
+    actual = compiled(ids, labels=ids, mems=mems, **memory_kwargs(model_type)).loss
+    expected.backward()
+    actual.backward()
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), model.parameters()):
+        if p_eager.grad is not None:
+            torch.testing.assert_close(p_compiled.grad, p_eager.grad, atol=1e-5, rtol=0, msg=name)
+    names = {str(op) for op in operators}
+    for op in (attention.attention_op, attention.attention_backward_op, cross_entropy.linear_cross_entropy_op,
+               cross_entropy.linear_cross_entropy_backward_op):  # fmt: skip
+        assert any(name.startswith(str(op)) for name in names), (op, sorted(names))
+    assert not any("softmax" in name and "transformers_xl" not in name for name in names), sorted(names)
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+@pytest.mark.parametrize("training", [False, True])
+def test_no_recompilation_across_lengths(model_type, training):
+    """Segment and memory lengths marked dynamic on the first call: later lengths reuse its graph (dynamo's
+    recompile counter stays at zero)."""
+    model = tiny(model_type).train(training)
+    compiled = compile_fullgraph(model)
+    stream = torch.randint(0, 200, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        mems = [mem.clone() for mem in model(stream[:, :12], **memory_kwargs(model_type)).mems]
+    with torch.set_grad_enabled(training):
+        for i, (length, memory) in enumerate([(7, 12), (9, 10), (5, 11), (12, 4)]):
+            ids, memory_states = stream[:, 12 : 12 + length], [mem[-memory:] for mem in mems]
+            if i == 0:
+                torch._dynamo.mark_dynamic(ids, 1)
+                for mem in memory_states:
+                    torch._dynamo.mark_dynamic(mem, 0)
+            labels = {"labels": ids} if training else {}
+            out = compiled(ids, mems=memory_states, **labels, **memory_kwargs(model_type))
+            if training:
+                out.loss.backward()
+    assert counters["recompiles"] == {} or sum(counters["recompiles"].values()) == 0, dict(counters["recompiles"])
+    assert graphs() == 1
