@@ -382,10 +382,14 @@ def _or_empty(gradients, tensors):
 
 
 def _setup_linear_cross_entropy_op(ctx, inputs, output):
-    tensors, targets, rows, _, codes, num_rows, needs_gradients = inputs
+    tensors, targets, rows, logits, codes, num_rows, needs_gradients = inputs
     ctx.save_for_backward(*tensors, *output[1], *targets, *(r for r in rows if r is not None))
     ctx.counts = len(tensors), len(targets), [r is not None for r in rows]
     ctx.codes, ctx.num_rows, ctx.needs_gradients = codes, num_rows, needs_gradients
+    # (autograd wants no gradient for each: a list of None for a list of tensors, one None for a list with a None)
+    ctx.no_rows_gradient, ctx.no_logits_gradient = (
+        None if any(t is None for t in x) else [None] * len(x) for x in (rows, logits)
+    )
 
 
 def _linear_cross_entropy_op_backward(ctx, grad_nll, _):
@@ -395,7 +399,8 @@ def _linear_cross_entropy_op_backward(ctx, grad_nll, _):
     rows = [next(saved) if present else None for present in has_rows]
     gradients = linear_cross_entropy_backward_op(grad_nll, gradients, tensors, targets, rows, ctx.codes,
                                                  ctx.needs_gradients)  # fmt: skip
-    return [g if need else None for g, need in zip(gradients, ctx.needs_gradients)], None, None, None, None, None, None
+    gradients = [g if need else None for g, need in zip(gradients, ctx.needs_gradients)]
+    return gradients, [None] * softmaxes, ctx.no_rows_gradient, ctx.no_logits_gradient, None, None, None
 
 
 def _linear_cross_entropy_backward_op(

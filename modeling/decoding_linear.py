@@ -72,17 +72,16 @@ def on_decoding_threads(forward):
 
     @functools.wraps(forward)
     def wrapper(*args, **kwargs):
+        if DECODING_THREADS is None or torch.compiler.is_compiling() or torch.is_grad_enabled():
+            return forward(*args, **kwargs)
         arguments = signature.bind_partial(*args, **kwargs).arguments
         input_ids, previous = arguments.get("input_ids"), torch.get_num_threads()
         if (
-            DECODING_THREADS is None
-            or DECODING_THREADS >= previous
+            DECODING_THREADS >= previous
             or arguments.get("cache") is None
             or input_ids is None
             or input_ids.numel() > DECODING_STEP_TOKENS
             or input_ids.device.type != "cpu"
-            or torch.is_grad_enabled()
-            or torch.compiler.is_compiling()
         ):
             return forward(*args, **kwargs)
         torch.set_num_threads(DECODING_THREADS)

@@ -533,8 +533,10 @@ def _attention_op(
     probs, kept = _stored_buffers(query, key, dropout, stored)
     with torch.autocast(query.device.type, enabled=False):
         if stored:
+            pieces = _Pieces(probs, kept)
             output = _attention_forward(query, key, value, content_bias, positions, score_bias, mask, causal, dropout,
-                                        _Pieces(probs, kept))  # fmt: skip
+                                        pieces)  # fmt: skip
+            pieces.zero_rest()  # (causal blocks leave the end unused: outputs hold numbers, not what memory held)
         else:
             output, _ = _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal,
                                              dropout, False)  # fmt: skip
@@ -566,15 +568,22 @@ class _Pieces:
         self.used[dtype] = start + size
         return self.buffers[dtype][start : start + size].view(shape)
 
+    def zero_rest(self):
+        for dtype, buffer in self.buffers.items():
+            buffer[self.used.get(dtype, 0) :].zero_()
+
 
 def _setup_attention_op(ctx, inputs, output):
-    query, key, value, content_bias, position_keys, position_bias, score_bias, _, *layout, _ = inputs
+    query, key, value, content_bias, position_keys, position_bias, score_bias, _, *layout, stored = inputs
     ctx.save_for_backward(query, key, value, content_bias, position_keys, position_bias, *output[1:])
     ctx.score_bias_shape = [] if score_bias is None else list(score_bias.shape)
-    ctx.layout = layout  # offset, masked_far, causal, dropout
+    ctx.layout, ctx.stored = layout, stored  # (layout: offset, masked_far, causal, dropout)
 
 
 def _attention_op_backward(ctx, grad_output, _, __):
+    if not ctx.stored:
+        raise RuntimeError("relative_attention operator: a backward pass through a call with stored=False, which kept "
+                           "nothing for it; expected stored=True for inputs that need gradients.")
     shape = ctx.score_bias_shape if ctx.needs_input_grad[6] else []
     gradients = attention_backward_op(grad_output.transpose(1, 2), *ctx.saved_tensors, shape, *ctx.layout)
     gradients = [gradient if needed else None for gradient, needed in zip(gradients, ctx.needs_input_grad)]

@@ -30,6 +30,8 @@ def attention_op_arguments(grouped, causal, padding, score_term, stored=True):
 def test_attention_operator_passes_opcheck(blocks_of, grouped, causal, padding, score_term, stored):
     blocks_of(3)  # (several blocks: their probabilities share one flat output)
     arguments = attention_op_arguments(grouped, causal, padding, score_term, stored)
+    if not stored:  # (inputs without gradients: a call that keeps nothing for a backward pass)
+        arguments = [a.detach() if torch.is_tensor(a) else a for a in arguments]
     torch.library.opcheck(attention.attention_op, arguments, test_utils=OPCHECK_TESTS)
 
 
@@ -135,23 +137,23 @@ def test_compiled_training_calls_the_operators(model_type):
 @pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
 @pytest.mark.parametrize("training", [False, True])
 def test_no_recompilation_across_lengths(model_type, training):
-    """Segment and memory lengths marked dynamic on the first call: later lengths reuse its graph (dynamo's
-    recompile counter stays at zero)."""
+    """torch.compile's default (dynamic=None): the first call compiles for its shapes, the first call with other
+    segment and memory lengths compiles once more with those lengths symbolic, and later lengths reuse that graph
+    (Dynamo's graph counter stays put). (Every segment here overflows the memory, mem_len 8: a segment that does not
+    takes the other branch of `mem_len`, one graph more.)"""
     model = tiny(model_type).train(training)
     compiled = compile_fullgraph(model)
     stream = torch.randint(0, 200, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         mems = [mem.clone() for mem in model(stream[:, :12], **memory_kwargs(model_type)).mems]
     with torch.set_grad_enabled(training):
-        for i, (length, memory) in enumerate([(7, 12), (9, 10), (5, 11), (12, 4)]):
-            ids, memory_states = stream[:, 12 : 12 + length], [mem[-memory:] for mem in mems]
-            if i == 0:
-                torch._dynamo.mark_dynamic(ids, 1)
-                for mem in memory_states:
-                    torch._dynamo.mark_dynamic(mem, 0)
+        for i, (length, memory) in enumerate([(7, 8), (9, 6), (5, 5), (12, 7), (4, 6), (10, 8)]):
+            ids = stream[:, 12 : 12 + length]
             labels = {"labels": ids} if training else {}
+            memory_states = [mem[-memory:].contiguous() for mem in mems]  # (one layout for every length)
             out = compiled(ids, mems=memory_states, **labels, **memory_kwargs(model_type))
             if training:
                 out.loss.backward()
-    assert counters["recompiles"] == {} or sum(counters["recompiles"].values()) == 0, dict(counters["recompiles"])
-    assert graphs() == 1
+            if i == 1:
+                settled = graphs()
+    assert settled <= 2 and graphs() == settled
