@@ -27,6 +27,12 @@ EXPECTED = {  # (section, model, workload) -> side names
     },
     ("generation", "Transformer-XL", "prompt 8"): ["ours (cache)", "legacy 4.37.2", "ours (recompute)"],
     ("generation", "XLNet", "prompt 8"): ["ours", "transformers"],
+    ("floor", "Transformer-XL", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
+    ("floor", "XLNet", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
+    **{
+        ("contention", "Transformer-XL", kind): ["ours", "legacy 4.37.2"]
+        for kind in ("quiet", "one core busy", "beside a torch process")
+    },
     ("stream", "Transformer-XL", "attention length 8"): ["with memory", "sliding window"],
     ("stream", "Transformer-XL", "attention length 16"): ["with memory", "sliding window"],
 }
@@ -79,8 +85,20 @@ def check(results, table, legacy_measured):
         assert rows[("throughput", model, "evaluation")]["ideal_flops"] > 0
     assert rows[("generation", "XLNet", "prompt 8")]["identical_tokens"] is True
     assert rows[("generation", "Transformer-XL", "prompt 8")]["identical_tokens"] is (True if legacy_measured else None)
-    for title in ("Throughput (fp32)", "Peak memory", "bf16 autocast", "Generation", "evaluation of a stream"):
+    for title in ("Throughput (fp32)", "Peak memory", "bf16 autocast", "Generation", "evaluation of a stream",
+                  "weight-streaming floor", "beside other work"):  # fmt: skip
         assert title in table
+    assert results["cpu"] and results["cpu"] in table.splitlines()[0]
+    assert results["gemv_bytes_per_second"] > 0
+    for model in ("Transformer-XL", "XLNet"):  # the floor: the weights a step reads at the measured bandwidth
+        row = rows[("floor", model, "greedy, prompt 8")]
+        assert row["weight_bytes"] > 0 and row["gemv_bytes_per_second"] == results["gemv_bytes_per_second"]
+        floor = row["sides"]["weight-streaming floor"]["median"]
+        assert floor == pytest.approx(row["weight_bytes"] / row["gemv_bytes_per_second"])
+    for kind in ("quiet", "one core busy", "beside a torch process"):  # each side against its own quiet time
+        row = rows[("contention", "Transformer-XL", kind)]
+        assert set(row["slowdown"]) == ({"ours", "legacy 4.37.2"} if legacy_measured else {"ours"})
+    assert rows[("contention", "Transformer-XL", "quiet")]["slowdown"]["ours"] == 1.0
     assert "torch.compile" not in table  # --quick leaves compilation out (minutes on CPU)
 
 
@@ -112,3 +130,27 @@ def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measure
         bench.worker(tmp_path, "legacy", "python", env=run.MALLOC_ENV)
     assert started == [None, run.MALLOC_ENV, run.KEEP_FREED_MEMORY_ENV, run.MALLOC_ENV]
     assert run.KEEP_FREED_MEMORY_ENV["MALLOC_MMAP_MAX_"] == "0"
+
+
+def test_streamed_weight_bytes_counts_each_weight_a_decoding_step_reads_once(monkeypatch):
+    """Tied weights once; not the relative position projections (the cache keeps their products), nor an input
+    embedding that the output layer does not share (a step reads one row of it)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_generation
+
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+
+    def size(parameters):
+        return sum(p.numel() * p.element_size() for p in parameters)
+
+    xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=50, d_model=16, n_layer=2, n_head=2, d_inner=32))
+    assert xlnet.lm_loss.weight is xlnet.transformer.word_embedding.weight
+    positions = [layer.rel_attn.r for layer in xlnet.transformer.layer]
+    assert bench_generation.streamed_weight_bytes(xlnet) == size(xlnet.parameters()) - size(positions)
+    for tie in (True, False):
+        txl = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=50, cutoffs=[10, 30], d_model=16, d_embed=16, n_head=2,
+                                                   d_head=8, d_inner=32, n_layer=2, tie_weight=tie))
+        skipped = [layer.dec_attn.r_net.weight for layer in txl.transformer.layers]
+        if not tie:
+            skipped += list(txl.transformer.word_emb.parameters())
+        assert bench_generation.streamed_weight_bytes(txl) == size(txl.parameters()) - size(skipped), tie

@@ -91,11 +91,15 @@ def test_a_second_backward_pass_recomputes_the_same_gradients():
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
-def test_the_composed_path_that_torch_compile_traces_is_the_same(monkeypatch):
+@pytest.mark.parametrize("weighting", ["uniform", "per row"])
+def test_the_operator_that_torch_compile_calls_is_the_same(monkeypatch, weighting):
+    """Under torch.compile `linear_cross_entropy` calls its custom operator: same values and gradients, both when the
+    backward pass scales the gradients made in the forward pass and when it recomputes them per row."""
     tensors, *targets = problem()
-    expected = values_and_gradients(ours, tensors, targets, torch.ones(ROWS, dtype=torch.float64))
+    row_weights = torch.ones(ROWS, dtype=torch.float64) if weighting == "uniform" else torch.rand(ROWS).double()
+    expected = values_and_gradients(ours, tensors, targets, row_weights)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    for got, want in zip(values_and_gradients(ours, tensors, targets, torch.ones(ROWS, dtype=torch.float64)), expected):
+    for got, want in zip(values_and_gradients(ours, tensors, targets, row_weights), expected):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
