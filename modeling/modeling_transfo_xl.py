@@ -91,7 +91,6 @@ class TransfoXLPositionalEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", sinusoid_inverse_frequencies(d_model))  # persistent: legacy files hold it
 
-    @on_decoding_threads
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return sinusoid_encoding(positions, self.inv_freq)
 
@@ -616,6 +615,7 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         self.loss_type = "ForCausalLM"
         self.post_init()
 
+    @on_decoding_threads
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
