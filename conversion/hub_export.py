@@ -3,16 +3,14 @@
 The folder holds `model.safetensors` (sharded above `max_shard_size`), `config.json` naming the head and an
 `auto_map` onto the modeling files copied beside it (transformers' remote code, see `remote_code`),
 `generation_config.json` for the LM heads, the tokenizer where a vocabulary is known, and a model card. It is written
-into a temporary folder next to OUTPUT, reloaded and compared with the source, and only then renamed to OUTPUT: a
-failed or interrupted conversion leaves no OUTPUT behind (nor a half-replaced one).
+into a staging folder next to OUTPUT, reloaded and compared with the source, and only then published at OUTPUT
+(`publish`: a rename that replaces nothing, or with `force` only a folder we wrote): a failed or interrupted
+conversion leaves no OUTPUT behind (nor a half-replaced one).
 """
 
 import json
-import os
 import pickle
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +19,7 @@ from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from .converted import ConvertedCheckpoint, does_not_fit
+from .publish import MARKER, StagingFolder
 from .remote_code import full_auto_map
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -222,11 +221,6 @@ model = {loader}.from_pretrained("path/or/repo", trust_remote_code=True)
 # --- the folder -------------------------------------------------------------------------------------------------
 
 
-def refuse_existing(output: Path, force: bool):
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} exists; pass --force to replace it.")
-
-
 def write_folder(
     converted: ConvertedCheckpoint,
     output,
@@ -237,9 +231,9 @@ def write_folder(
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
-    """Write `converted` as a Hub folder at `output` (atomically) and return the verified max difference."""
+    """Write `converted` as a Hub folder at `output` (atomically, see `publish`) and return the verified max
+    difference."""
     output = Path(output).absolute()
-    refuse_existing(output, force)
     files = dict(converted.tokenizer_files)
     if vocab is not None:
         files = {kind: path for kind, path in files.items() if kind == SETTINGS_FILE}
@@ -254,9 +248,8 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
+    with StagingFolder(output, force, marker={"command": command}, say=log) as staged:
+        staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")
         model = build_model(converted)
         model.config.auto_map = full_auto_map(model)
@@ -282,28 +275,9 @@ def write_folder(
             )
         verification = {"method": method, "max_abs_diff": float(difference), "tolerance": tolerance, "passed": True}
         model_card(model, converted, command, verification).save(staging / "README.md")
-        _replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        staged.publish()
     log(f"wrote {output}")
     return difference
-
-
-def _replace(staging: Path, output: Path):
-    """Rename `staging` to `output`; an existing `output` is moved aside first and deleted after the swap."""
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private, and safetensors writes its files private too)
-    for path in staging.iterdir():
-        path.chmod(0o666 & ~umask)
-    if not output.exists():
-        os.replace(staging, output)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
-    os.replace(output, aside / output.name)
-    os.replace(staging, output)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------
@@ -314,7 +288,7 @@ def push_folder(folder, repo_id: str, *, private: bool = False, revision: str | 
     """Upload every file of `folder` to the model repo `repo_id` in ONE commit (creating the repo, and the branch
     `revision`, if needed). `dry_run` prints what would go where and sends nothing. Returns the commit URL."""
     folder = Path(folder)
-    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
     api = HfApi(endpoint=endpoint, token=token)
     branch = revision or "main"
     if dry_run:

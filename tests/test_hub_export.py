@@ -25,6 +25,7 @@ from transformers_xl import TransfoXLConfig, XLNetConfig
 from transformers_xl.cli import main
 from transformers_xl.conversion import cli as convert_command
 from transformers_xl.conversion import hub_export
+from transformers_xl.conversion.publish import MARKER
 from transformers_xl.conversion.remote_code import OWN_AUTO_CLASS
 
 LEGACY = Path(__file__).parent / "fixtures" / "hf_legacy"
@@ -133,16 +134,40 @@ def convert(source, output, *extra):
     return main(["convert", str(source), str(output), "--from", "hf-legacy", *map(str, extra)])
 
 
-def test_existing_output_needs_force_and_is_then_replaced_whole(tmp_path, capsys):
+def test_existing_output_needs_force_which_replaces_only_a_converted_folder(tmp_path, capsys):
     output = tmp_path / "out"
     output.mkdir()
-    (output / "stale.txt").write_text("old")
+    (output / "notes.txt").write_text("data")
     assert convert(LEGACY / "xlnet_lm", output) == 1
     assert "exists; pass --force" in capsys.readouterr().err
-    assert {p.name for p in output.iterdir()} == {"stale.txt"}
+    assert convert(LEGACY / "xlnet_lm", output, "--force") == 1
+    assert "is not a folder written by transformers-xl" in capsys.readouterr().err
+    assert {p.name for p in output.iterdir()} == {"notes.txt"}
+    output = tmp_path / "converted"
+    assert convert(LEGACY / "xlnet_lm", output) == 0
+    (output / "stale.txt").write_text("old")
     assert convert(LEGACY / "xlnet_lm", output, "--force") == 0
+    assert f"replaced {output} (a folder written by transformers-xl)" in capsys.readouterr().err
     assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
-    assert {p.name for p in tmp_path.iterdir()} == {"out"}  # nothing left beside it
+    assert {p.name for p in tmp_path.iterdir()} == {"out", "converted"}  # nothing left beside them
+
+
+def test_output_that_appears_during_the_conversion_is_kept(tmp_path, monkeypatch, capsys):
+    """Another command (here a whole conversion to the same OUTPUT) creates OUTPUT while this one writes: this one
+    fails and keeps it; the first to finish wins."""
+    output, save_tokenizer = tmp_path / "out", hub_export.save_tokenizer
+
+    def meanwhile(tokenizer, model_type, folder):
+        monkeypatch.setattr(hub_export, "save_tokenizer", save_tokenizer)
+        assert convert(LEGACY / "xlnet_lm", output) == 0
+        (output / "notes.txt").write_text("data")
+        save_tokenizer(tokenizer, model_type, folder)
+
+    monkeypatch.setattr(hub_export, "save_tokenizer", meanwhile)
+    assert convert(LEGACY / "xlnet_lm", output) == 1
+    assert f"error: {output} appeared while this run was writing; it is left as it is" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "data" and (output / "model.safetensors").is_file()
+    assert {p.name for p in tmp_path.iterdir()} == {"out"}
 
 
 def test_options_that_do_not_go_together_exit_with_status_2(tmp_path, capsys):
@@ -300,7 +325,7 @@ def test_push_uploads_the_folder_in_one_commit(tmp_path, hub):
     assert len(commits) == 1 and "/commit/v1" in [p for _, p, b in hub if b is commits[0]][0]
     lines = [json.loads(line) for line in commits[0].decode().splitlines()]
     pushed = {line["value"]["path"] for line in lines if line["key"] == "file"}
-    assert pushed == {p.name for p in (tmp_path / "out").iterdir()}
+    assert pushed == {p.name for p in (tmp_path / "out").iterdir()} - {MARKER}  # (a local mark of our folders)
     assert {"model.safetensors", "config.json", "modeling_xlnet.py", "README.md", "tokenizer.json"} <= pushed
 
 
