@@ -188,7 +188,8 @@ def test_a_staging_folder_whose_pid_was_reused_is_stale(tmp_path):
     mine.mkdir()
     said = []
     publish.check_output(tmp_path / "out", force=False, say=said.append)
-    assert names(tmp_path) == [mine.name] and said == [f"removed {stale}, left by process {os.getpid()}, which no longer runs"]
+    assert names(tmp_path) == [mine.name]
+    assert said == [f"removed {stale}, left by process {os.getpid()}, which no longer runs"]
 
 
 def test_a_folder_moved_aside_by_a_killed_force_run_is_put_back(tmp_path):
