@@ -9,17 +9,21 @@ conversion leaves no OUTPUT behind (nor a half-replaced one).
 """
 
 import json
+import os
 import pickle
+import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
+from safetensors import SafetensorError
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from .converted import ConvertedCheckpoint, does_not_fit
-from .publish import MARKER, StagingFolder
+from .publish import MARKER, OutputError, StagingFolder
 from .remote_code import full_auto_map
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -248,7 +252,7 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    with StagingFolder(output, force, marker={"command": command}, say=log) as staged:
+    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged.path):
         staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")
         model = build_model(converted)
@@ -278,6 +282,22 @@ def write_folder(
         staged.publish()
     log(f"wrote {output}")
     return difference
+
+
+@contextmanager
+def _write_failures(staging: Path):
+    """A failed write (a full or read-only disk, ...) as one clear error naming the path and the cause, whichever
+    library wrote: Python's OSError, safetensors' SafetensorError, tokenizers' plain Exception ("... (os error 28)")."""
+    try:
+        yield
+    except Exception as error:
+        code = error.errno if isinstance(error, OSError) else None
+        if code is None and (type(error) is Exception or isinstance(error, SafetensorError)):
+            found = re.search(r"\(os error (\d+)\)", str(error))
+            code = int(found.group(1)) if found else None
+        if code is None:
+            raise
+        raise OutputError(f"cannot write {getattr(error, 'filename', None) or staging}: {os.strerror(code)}") from error
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------
