@@ -287,7 +287,7 @@ def write_folder(
 @contextmanager
 def _write_failures(staging: Path):
     """A failed write (a full or read-only disk, ...) as one clear error naming the path and the cause, whichever
-    library wrote: Python's OSError, safetensors' SafetensorError, tokenizers' plain Exception ("... (os error 28)")."""
+    library wrote: Python's OSError, safetensors' SafetensorError, tokenizers' plain Exception ("(os error 28)")."""
     try:
         yield
     except Exception as error:
@@ -297,7 +297,8 @@ def _write_failures(staging: Path):
             code = int(found.group(1)) if found else None
         if code is None:
             raise
-        raise OutputError(f"cannot write {getattr(error, 'filename', None) or staging}: {os.strerror(code)}") from error
+        where = getattr(error, "filename", None) or staging
+        raise OutputError(f"cannot write {where}: {os.strerror(code)}") from error
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------

@@ -237,12 +237,13 @@ def test_a_full_or_read_only_disk_gives_one_line_and_leaves_nothing(failure, cau
     failure(monkeypatch)
     assert convert(LEGACY / "transfo_xl_lm", tmp_path / "out") == 1
     last = capsys.readouterr().err.splitlines()[-1]
-    assert re.fullmatch(rf"transformers-xl convert: error: cannot write {tmp_path}/\.out\.\S+\.partial\S*: {cause}", last)
+    written = rf"{tmp_path}/\.out\.\S+\.partial\S*"
+    assert re.fullmatch(rf"transformers-xl convert: error: cannot write {written}: {cause}", last)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_the_partial_folder_of_a_killed_conversion_is_removed_by_the_next_one(tmp_path, capsys):
-    """kill -9 while the folder is written: the next conversion to the same OUTPUT removes what it left, and says so."""
+    """kill -9 while the folder is written: the next conversion to the same OUTPUT removes what it left, says so."""
     output = tmp_path / "out"
     command = [sys.executable, "-m", "transformers_xl", "convert", str(LEGACY / "xlnet_lm"), str(output)]
     run = subprocess.Popen([*command, "--from", "hf-legacy"], stderr=subprocess.PIPE, text=True)
