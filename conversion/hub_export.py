@@ -10,7 +10,6 @@ conversion leaves no OUTPUT behind (nor a half-replaced one).
 
 import json
 import os
-import pickle
 import re
 import sys
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from transformers.utils import logging
 from .converted import ConvertedCheckpoint, does_not_fit
 from .publish import MARKER, OutputError, StagingFolder
 from .remote_code import full_auto_map
+from .source_files import read_json
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 DEFAULT_TOLERANCE = 1e-4
@@ -153,6 +153,9 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
             import sentencepiece
         except ImportError as error:
             raise ValueError(f"A spiece.model needs the sentencepiece and protobuf packages ({error}).") from None
+    for kind in ("tokenizer.json", SETTINGS_FILE):
+        if kind in files:
+            read_json(files[kind])  # (a broken one is named as such)
     try:
         if "spiece.model" in files:  # (read it with SentencePiece first: transformers falls back to other formats)
             sentencepiece.SentencePieceProcessor(model_file=files["spiece.model"])
@@ -162,7 +165,7 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
                 return tokenizer_class.from_pretrained(folder)
         kind = next(kind for kind in arguments if kind in files)
         return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
-    except (ValueError, OSError, RuntimeError, ImportError, pickle.UnpicklingError) as error:
+    except Exception as error:  # (tokenizers raises a plain Exception for a tokenizer.json it cannot use)
         shown = ", ".join(files[kind] for kind in kinds)
         raise ValueError(f"Cannot read the vocabulary {shown} (a damaged or wrong file?): {error}") from error
 
