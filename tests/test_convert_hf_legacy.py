@@ -69,7 +69,7 @@ def test_legacy_folder_converts_and_matches_transformers_4(name, tmp_path):
     assert ("generation_config.json" in files) == name.endswith("_lm")
 
     model_class = getattr(__import__("transformers_xl"), head)
-    # zero_initial_mems: 4.x started Transformer-XL from mem_len zero vectors (see README, "Memory").
+    # zero_initial_mems: 4.x started Transformer-XL from mem_len zero vectors (see docs/models.md, "Memory").
     extra = {"zero_initial_mems": True} if name.startswith("transfo") else {}
     assert_matches_legacy(model_class.from_pretrained(output, **extra), load_file(FIXTURES / name / "expected.safetensors"))
 
