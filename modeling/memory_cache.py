@@ -38,8 +38,8 @@ def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, d
                 f"{model}: `mems[{i}]` has dtype {mem.dtype}; expected {dtype}, the dtype of the hidden states"
                 + (f" (or {autocast_dtype} under autocast)." if autocast_dtype else ".")
             )
-    lengths = sorted({mem.shape[0] for mem in mems})
-    if len(lengths) != 1:
+    if any(mem.shape[0] != mems[0].shape[0] for mem in mems):  # (compared, not hashed: torch.export's sizes aren't)
+        lengths = [mem.shape[0] for mem in mems]
         raise ValueError(f"{model}: `mems` entries have lengths {lengths}; expected the same mem_len for every layer.")
 
 
