@@ -47,6 +47,12 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         heads = sorted(name for name in OWN_AUTO_CLASS if hasattr(MODULES[model_type], name))
         raise ValueError(f"{source}: unknown {model_type} head {head!r}; expected one of {heads}.")
     ours = model_class.config_class.from_dict(config_dict)
+    compared_with = "the source folder run by transformers-xl, not by transformers 4.x"
+    if model_type == "transfo-xl" and "zero_initial_mems" not in config_dict:
+        # transformers 4.x started every stream from mem_len zero vectors that are attended to; so does the written
+        # folder, which therefore gives 4.x's numbers (our default, the original code's, is an empty first memory)
+        ours.zero_initial_mems = True
+        compared_with += "; both start from mem_len zero vectors of memory, as 4.x did: zero_initial_mems=True"
 
     try:
         stored = stored_shapes(folder)
@@ -80,6 +86,7 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         state_dict=model.state_dict(),
         source=f"transformers 4.x folder {folder.name} ({head})",
         compare_with_source=partial(max_difference, model),
+        compared_with=compared_with,
         tokenizer_files={kind: str(folder / kind) for kind in VOCABULARY_FILES if (folder / kind).is_file()},
     )
 

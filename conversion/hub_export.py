@@ -284,7 +284,7 @@ def write_folder(
         log("verifying: reloading the written folder")
         reloaded = converted.model_class.from_pretrained(staging)
         if converted.compare_with_source is not None:
-            method = "outputs of the written folder vs the source model"
+            method = f"outputs of the written folder vs {converted.compared_with}"
             difference = converted.compare_with_source(reloaded)
         else:
             method = "outputs of the written folder vs the converted weights in memory (the source cannot be run here)"
