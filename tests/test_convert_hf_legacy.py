@@ -239,6 +239,18 @@ def test_damaged_or_unsafe_vocabularies_are_refused_by_name(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spiece.model", "vocab.pkl", "vocab.txt"]
 
 
+def test_a_bin_whose_pickle_would_run_code_is_refused_saying_so(tmp_path, capsys):
+    source, marker = tmp_path / "source", tmp_path / "executed"
+    shutil.copytree(FIXTURES / "transfo_xl_lm", source)
+    state = torch.load(source / "pytorch_model.bin", weights_only=True)
+    torch.save({**state, "payload": RunsCode(marker)}, source / "pytorch_model.bin")
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy") == 1
+    error = capsys.readouterr().err
+    assert "refused: loading it would run code (the pickle refers to posix.system)" in error, error
+    assert "weights_only" not in error and "damaged" not in error
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name, released, message", [
     # (lm_loss.weight is tied to the embeddings: transformers' loader alone fails on it)
     ("xlnet_lm", "xlnet-base-cased", "lm_loss.weight: stored [40, 16], the config needs [32000, 768]"),
