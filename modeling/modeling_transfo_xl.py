@@ -23,8 +23,9 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
+from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
 from .decoding_linear import DecodingLinear, linear
-from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
+from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     RelativePositions,
@@ -737,16 +738,16 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         hidden, target = hidden[:, :-1], labels[:, 1:].to(hidden.device)
         valid = target != -100
         flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-        denominator = num_items_in_batch if num_items_in_batch is not None else valid.sum().clamp(min=1)
+        count = num_items_in_batch if num_items_in_batch is not None else valid.sum()
         if torch.compiler.is_compiling():
             # A compiled graph cannot size a tensor by the data (the number of real labels): every position is scored
             # (ignored ones as id 0) and the ignored ones zeroed.
             losses = self._nll(flat_hidden, flat_target.clamp(min=0)).where(valid.reshape(-1), 0.0)
-            return losses.view(target.shape), losses.sum() / denominator
+            return losses.view(target.shape), loss_per_target(losses.sum(), count)
         rows = valid.reshape(-1).nonzero().squeeze(-1)
         nll = self._nll(flat_hidden[rows], flat_target[rows])
         losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
-        return losses.view(target.shape), nll.sum() / denominator
+        return losses.view(target.shape), loss_per_target(nll.sum(), count)
 
     def _nll(self, hidden, target):
         """[N, d], [N] -> [N] NLL of the targets: the sampled softmax in training when configured, else exact."""
@@ -805,7 +806,11 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         last = self._last_token_index(input_ids, attention_mask, batch_size, seq_len, hidden.device)
         logits = self.score(hidden[torch.arange(batch_size, device=hidden.device), last])
         loss = None
-        if labels is not None:
+        if labels is not None and problem_type(self.config, labels) == "single_label_classification":
+            # (transformers' loss_function is a mean over the labels that are not -100: NaN when none is)
+            labels = labels.view(-1)
+            loss = loss_per_target(reduced_cross_entropy(logits, labels, "sum"), (labels != IGNORE_INDEX).sum())
+        elif labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         if not return_dict:
             fields = (loss, logits, outputs.mems, outputs.hidden_states, outputs.attentions)
