@@ -60,11 +60,11 @@ class StreamingModel(nn.Module):
             outputs = self.model(example_input_ids, mems=tuple(example_memory.unbind(0)), return_dict=True)
         return [name for name, value in outputs.items() if name not in OUTPUT_FIELDS_LEFT_OUT] + ["states"]
 
-    def example_inputs(self, batch_size: int, segment_length: int, memory_length: int):
+    def example_inputs(self, batch_size: int, segment_length: int, memory_length: int, seed: int = 0):
         """Random ids [batch, (choices,) segment] and memory [n_layer, memory, batch (x choices), d_model]."""
         config = self.model.config
         rows = (batch_size, 2) if isinstance(self.model, XLNetForMultipleChoice) else (batch_size,)
-        generator = torch.Generator().manual_seed(0)
+        generator = torch.Generator().manual_seed(seed)
         input_ids = torch.randint(0, config.vocab_size, (*rows, segment_length), generator=generator)
         parameter = next(self.model.parameters())
         memory = torch.randn(config.n_layer, memory_length, rows[0] * (rows[1:] or (1,))[0], config.d_model,
