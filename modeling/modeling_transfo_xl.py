@@ -787,7 +787,9 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: MemoryCache | None = None,
     ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
+        """`cache`: a MemoryCache holding the memory instead of `mems`, updated in place (as in the LM head)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
         if labels is not None and shape is not None:
@@ -797,6 +799,7 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
             mems=mems,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            cache=cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,

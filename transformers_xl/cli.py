@@ -12,9 +12,10 @@ def _subcommands():
     """Imported on use, so `transformers-xl --help` stays quick and each job imports only what it needs."""
     from .conversion import cli as convert
     from .conversion import push
+    from .deployment import cli as export
     from .training import demo
 
-    return {"convert": convert, "push": push, "demo": demo}
+    return {"convert": convert, "push": push, "export": export, "demo": demo}
 
 
 def main(argv=None) -> int:
