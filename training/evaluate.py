@@ -185,7 +185,7 @@ def default_line_end(tokenizer) -> str:
 
 
 @contextmanager
-def _settings(config, **values):
+def config_settings(config, **values):
     """The config's attention settings changed for the evaluation, restored after."""
     saved = {name: getattr(config, name) for name in values}
     for name, value in values.items():
@@ -208,7 +208,7 @@ def evaluate_stream(model, ids, batch_size: int, tgt_len: int, mem_len: int, cla
     cache = MemoryCache(model.config.n_layer, mem_len)
     total_loss, total_len = 0.0, 0
     start = time.perf_counter()
-    with torch.inference_mode(), autocast, _settings(
+    with torch.inference_mode(), autocast, config_settings(
         model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length
     ):
         for i in tqdm(range(0, n_step - 1, tgt_len), desc="evaluating", unit="segment", disable=not progress,

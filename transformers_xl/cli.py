@@ -11,9 +11,9 @@ import sys
 def _subcommands():
     """Imported on use, so `transformers-xl --help` stays quick and each job imports only what it needs."""
     from .conversion import cli as convert
-    from .training import demo, evaluate
+    from .training import demo, evaluate, train
 
-    return {"convert": convert, "demo": demo, "evaluate": evaluate}
+    return {"convert": convert, "demo": demo, "evaluate": evaluate, "train": train}
 
 
 def main(argv=None) -> int:
