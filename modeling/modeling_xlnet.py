@@ -561,12 +561,13 @@ def _output_positions(input_ids, inputs_embeds, target_mapping):
     return shape[0], target_mapping.shape[1], "[batch_size, num_predict]", " (the predictions of `target_mapping`)"
 
 
-def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note):
+def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note,
+                        argument="labels"):
     """Per-token labels: one per output position (see `_output_positions`), checked before the forward pass."""
     positions = None if labels is None else _output_positions(input_ids, inputs_embeds, target_mapping)
     if positions is not None:
         batch_size, length, described, origin = positions
-        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note)
+        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note, argument)
 
 
 class XLNetModel(XLNetPreTrainedModel):
@@ -847,7 +848,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     """XLNet with the language-modeling head (tied to the input embeddings, own bias).
 
     Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
-    position m without it). Generation gives transformers' tokens: the next token comes from the query stream of the
+    position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
+    are therefore the same targets, and are taken as such (one or the other). Generation gives transformers' tokens: the next token comes from the query stream of the
     position after the input (`predict_next_token`); with memory, the last two known tokens are recomputed each step.
     """
 
@@ -886,11 +888,19 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> XLNetLMHeadModelOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if shift_labels is not None and labels is not None:
+            raise ValueError(
+                f"{type(self).__name__}: pass `labels` or `shift_labels` (for XLNet the same targets: one per output "
+                "position, unshifted by the model), not both."
+            )
+        target_name = "labels" if shift_labels is None else "shift_labels"
+        labels = labels if shift_labels is None else shift_labels
         vocab_size = self.config.vocab_size
         if isinstance(logits_to_keep, int) and logits_to_keep == 0 and not kwargs.get("predict_next_token"):
             _check_token_labels(
                 type(self).__name__, labels, input_ids, inputs_embeds, target_mapping, vocab_size, "token ids",
-                f" (vocab_size={vocab_size})",
+                f" (vocab_size={vocab_size})", target_name,
             )
         outputs = self.transformer(
             input_ids,

@@ -13,9 +13,9 @@ def _subcommands():
     from .conversion import cli as convert
     from .conversion import push
     from .deployment import cli as export
-    from .training import demo
+    from .training import demo, evaluate, train
 
-    return {"convert": convert, "push": push, "export": export, "demo": demo}
+    return {"convert": convert, "push": push, "export": export, "demo": demo, "evaluate": evaluate, "train": train}
 
 
 def main(argv=None) -> int:
