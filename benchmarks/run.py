@@ -6,7 +6,7 @@
 
 References: transformers 5's XLNet under this python; transformers 4.37.2's Transformer-XL, which cannot share a
 process with transformers 5, under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON;
-README, "Benchmarks", says how to make that venv). Without it the legacy side is reported as not measured. Every
+docs/benchmarks.md says how to make that venv). Without it the legacy side is reported as not measured. Every
 timed side runs in a worker process of its own (its own heap: see `measure_throughput`). Every implementation
 loads the same folder (config.json + pytorch_model.bin written from our randomly initialised model) and the same
 inputs (the second segment, and the memory our model left after the first segment, saved beside it), so the

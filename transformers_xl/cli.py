@@ -11,9 +11,10 @@ import sys
 def _subcommands():
     """Imported on use, so `transformers-xl --help` stays quick and each job imports only what it needs."""
     from .conversion import cli as convert
+    from .conversion import push
     from .training import demo
 
-    return {"convert": convert, "demo": demo}
+    return {"convert": convert, "push": push, "demo": demo}
 
 
 def main(argv=None) -> int:
