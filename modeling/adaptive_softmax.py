@@ -198,8 +198,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         # the tail clusters' log-probabilities are kept aside before the first tail cluster overwrites them.
         # (The biases are added by `_log_softmax_`'s pass, not by the GEMM, whose out= form would first copy them
         # into the whole output slice.)
-        weight, bias, proj = self._head_cluster(clusters)
-        head = _log_softmax_(self._logits(hidden, weight, None, proj, out=output[:, : self.head_size]), bias)
+        # (The cluster logits are a product of their own beside the head words': joining the cluster weights to the
+        # head's, as with gradients, would copy the head's weights at every decoding step.)
+        weight, bias, proj = clusters[0]
+        projected = _project(hidden, proj)
+        self._logits(projected, weight, None, None, out=output[:, :head_end])
+        if len(self.bounds) > 1:
+            self._logits(projected, self.cluster_weight, None, None, out=output[:, head_end : self.head_size])
+            bias = torch.cat([bias, self.cluster_bias])
+        head = _log_softmax_(output[:, : self.head_size], bias)
         cluster_log_p = head[:, head_end:].clone()
         for cluster in range(1, len(self.bounds)):
             (start, end), (weight, bias, proj) = self.bounds[cluster], clusters[cluster]
