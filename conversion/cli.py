@@ -15,9 +15,8 @@ from pathlib import Path
 from huggingface_hub.errors import HTTPError
 
 from .. import hub_configs
-from .hub_export import (
-    DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, refuse_existing, write_folder,
-)  # fmt: skip
+from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
+from .publish import OutputError, check_output
 
 
 def read_source(args):
@@ -57,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--corpus-info", help="tf: the corpus-info.json of the original data script")
     parser.add_argument("--task", help="tf (XLNet): the fine-tuning task whose head to convert")
     parser.add_argument("--vocab", help="vocabulary for the tokenizer: tokenizer.json, vocab.pkl/.bin/.txt, spiece.model")
-    parser.add_argument("--force", action="store_true", help="replace an existing OUTPUT")
+    parser.add_argument("--force", action="store_true", help="replace an OUTPUT that transformers-xl wrote")
     parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, help="split weights above this size")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
     hub = parser.add_argument_group("Hub")
@@ -84,13 +83,13 @@ def run(args) -> int:
 
 def _convert_and_push(args, output: Path) -> int:
     try:
-        refuse_existing(output, args.force)  # (before reading the source, which can take minutes)
+        check_output(output, args.force, say=log)  # (before reading the source, which can take minutes)
         converted = read_source(args)
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, command=command_line(args),
             max_shard_size=args.max_shard_size, tolerance=args.tolerance,
         )  # fmt: skip
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as error:
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError, OutputError) as error:
         log(f"error: {error}")
         return 1
     if args.push_to:

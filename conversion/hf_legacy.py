@@ -6,7 +6,6 @@ stored weight used, none missing, every shape as the config says), the vocabular
 loaded model kept as the source that the written folder is verified against.
 """
 
-import json
 import pickle
 from functools import partial
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..modeling import modeling_transfo_xl, modeling_xlnet
 from .converted import ConvertedCheckpoint, does_not_fit
 from .hub_export import SETTINGS_FILE, max_difference
 from .remote_code import OWN_AUTO_CLASS
+from .source_files import check_zip_entries, read_json, refused_pickle
 
 MODULES = {"transfo-xl": modeling_transfo_xl, "xlnet": modeling_xlnet}
 DEFAULT_HEADS = {"transfo-xl": "TransfoXLLMHeadModel", "xlnet": "XLNetLMHeadModel"}
@@ -37,7 +37,7 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
     config_file = Path(config) if config is not None else folder / "config.json"
     if not folder.is_dir() or not config_file.is_file():
         raise ValueError(f"{source}: expected a transformers folder with a config.json (or pass --config).")
-    config_dict = json.loads(config_file.read_text(encoding="utf-8"))
+    config_dict = read_json(config_file)
     model_type = config_dict.get("model_type")
     if model_type not in MODULES:
         raise ValueError(f"{source}: a {model_type!r} checkpoint; expected model_type 'transfo-xl' or 'xlnet'.")
@@ -99,7 +99,7 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             files = [folder / single]
             break
         if (folder / index).is_file():
-            weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
+            weight_map = read_json(folder / index)["weight_map"]
             files = [folder / name for name in sorted(set(weight_map.values()))]
             break
     else:
@@ -111,6 +111,10 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             with safe_open(path, framework="pt") as weights:
                 shapes.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
         else:
-            state = torch.load(path, map_location="meta", weights_only=True)
+            check_zip_entries(path)
+            try:
+                state = torch.load(path, map_location="meta", weights_only=True)
+            except pickle.UnpicklingError as error:
+                raise refused_pickle(path, error, "tensors and plain containers") from None
             shapes.update({name: tuple(tensor.shape) for name, tensor in state.items()})
     return shapes

@@ -135,9 +135,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         hidden = _project(hidden, proj)
         if (
             out is not None
+            and not torch.compiler.is_compiling()  # (first: a traced graph must not branch on the number of rows)
             and hidden.shape[0] > MAX_ROWS
             and not torch.is_autocast_enabled(hidden.device.type)
-            and not torch.compiler.is_compiling()
         ):
             return linear_into(out, hidden, weight, bias)
         logits = linear(hidden, weight, bias).to(softmax_dtype(hidden.dtype))

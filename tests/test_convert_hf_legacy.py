@@ -164,7 +164,7 @@ BAD = {
     "missing tensor": (dict(change_state=drop_layer_norm), "missing transformer.layers.0.pos_ff.layer_norm.weight"),
     "unknown tensor": (dict(change_state=add_stray), "unexpected transformer.layers.0.stray"),
     "mis-shaped tensor": (dict(change_state=reshape_cluster), "crit.cluster_weight: stored [5, 16]"),
-    "truncated file": (dict(file_bytes=lambda data: data[: len(data) // 2]), "cannot read the weights"),
+    "truncated file": (dict(file_bytes=lambda data: data[: len(data) // 2]), "truncated or damaged"),
     "other model kind": (dict(change_config=lambda c: c.update(model_type="bert")), "'bert' checkpoint"),
     "unknown head": (dict(change_config=lambda c: c.update(architectures=["TransfoXLForPony"])), "TransfoXLForPony"),
     "config not fitting": (dict(change_config=lambda c: c.update(d_inner=40)), "pos_ff.CoreNet.0.weight: stored"),
