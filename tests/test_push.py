@@ -85,3 +85,9 @@ def test_a_failed_push_says_so(converted, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     assert main(["push", str(converted), "org/tiny"]) == 1
     assert f"pushing {converted} to org/tiny failed" in capsys.readouterr().err
+
+
+def test_convert_onto_an_existing_folder_with_push_to_points_at_push(converted, capsys):
+    command = ["convert", str(LEGACY / "xlnet_lm"), str(converted), "--from", "hf-legacy", "--push-to", "org/tiny"]
+    assert main(command) == 1
+    assert f"without converting again: transformers-xl push {converted} org/tiny" in capsys.readouterr().err
