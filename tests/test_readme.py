@@ -109,3 +109,23 @@ def test_readme_block_runs(page, line, code, placeholders, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, f"{page} line {line}:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s#]+\.(?:md|png))(?:#(?P<anchor>[^)\s]+))?\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    headings = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_links_between_the_pages_resolve(page):
+    """Every relative link of a page names a file that exists, and a heading of it where it names an anchor."""
+    for link in LINK.finditer(page.read_text(encoding="utf-8")):
+        target = (page.parent / link["target"]).resolve()
+        assert target.is_file(), f"{page_name(page)}: broken link {link[0]}"
+        if link["anchor"]:
+            assert link["anchor"] in anchors(target), f"{page_name(page)}: no heading for {link[0]}"
