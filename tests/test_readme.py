@@ -129,3 +129,12 @@ def test_links_between_the_pages_resolve(page):
         assert target.is_file(), f"{page_name(page)}: broken link {link[0]}"
         if link["anchor"]:
             assert link["anchor"] in anchors(target), f"{page_name(page)}: no heading for {link[0]}"
+
+
+def test_ci_runs_the_readmes_two_commands():
+    """.ci/run runs the README's install-and-demo command (the demo with --quick) and its test command, as written."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    install, test = blocks[0].strip(), blocks[1].strip()
+    assert install.endswith("transformers-xl demo") and test == "HF_HUB_OFFLINE=1 python -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert install + " --quick" in ci and test in ci
