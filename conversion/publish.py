@@ -28,7 +28,7 @@ from pathlib import Path
 
 MARKER = ".transformers-xl.json"
 """Left in every published folder: what recognises a folder `force` may replace (not uploaded to the Hub)."""
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model.onnx")  # (model.onnx: `export`)
 STAGING, REPLACED = ".partial", ".replaced"
 
 

@@ -124,8 +124,6 @@ def settings_from(args) -> dict:
         )
     if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
         raise ValueError(f"--output-dir {args.output_dir} is a file; expected a folder (it is created if missing).")
-    if settings["segment_len"] < 2:
-        raise ValueError(f"--segment-len must be at least 2 (a segment predicts its own characters), got {settings['segment_len']}.")
     return settings
 
 
