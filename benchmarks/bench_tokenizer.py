@@ -7,7 +7,7 @@ Run from the repository root:
 Both tokenizers load the same legacy folder (tests/fixtures/tokenizer/legacy) and encode the parity corpus
 (tests/fixtures/tokenizer/corpus.txt) to ids, through the public call `tokenizer(lines)` and one line at a time
 with `tokenizer.encode(line)`. The legacy tokenizer runs in a worker process under the legacy venv's python
-(`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON; README, "Benchmarks", says how to make that venv; without it
+(`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON; docs/benchmarks.md says how to make that venv; without it
 only ours is measured); rounds alternate between the two so that machine load hits both alike. Ours is timed with `tokenizers`' thread pool
 (`TOKENIZERS_PARALLELISM=true`, its default) and on one thread. Prints the median lines/s and the ratios.
 """

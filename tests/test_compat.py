@@ -57,7 +57,7 @@ def counting_forward_calls(model):
 
 
 def test_generate_returns_every_steps_attentions_and_hidden_states():
-    """The keywords transformers passes through prepare_inputs_for_generation reach forward (shapes: README)."""
+    """The keywords transformers passes through prepare_inputs_for_generation reach forward (docs/generation.md)."""
     settings = dict(max_new_tokens=3, return_dict_in_generate=True, output_attentions=True, output_hidden_states=True)
     out = greedy(scrambled_lm(), prompt(length=7), **settings)
     attentions = [[a.shape for a in step] for step in out.attentions]
@@ -189,7 +189,7 @@ def test_zero_initial_mems_generates_from_a_padded_batch():
     assert torch.equal(out, tokens)
 
 
-# Every strategy the README lists as working (transformers' core strategies; the others are Hub code).
+# Every strategy docs/generation.md lists as working (transformers' core strategies; the others are Hub code).
 STRATEGIES = {
     "greedy": {},
     "sampling": dict(do_sample=True, temperature=0.8, top_k=8, top_p=0.9, min_p=0.01, typical_p=0.95),
@@ -217,7 +217,7 @@ def test_each_listed_decoding_strategy(kind, strategy):
         run = lambda: model.generate(inputs_embeds=model.get_input_embeddings()(ids), max_new_tokens=5)  # noqa: E731
     else:
         run = lambda: model.generate(ids, max_new_tokens=5, **settings)  # noqa: E731
-    if kind == "xlnet" and strategy not in STRATEGIES:  # the exceptions the README lists for XLNet
+    if kind == "xlnet" and strategy not in STRATEGIES:  # the exceptions docs/generation.md lists for XLNet
         with pytest.raises(ValueError, match="not supported|without a cache|doesn't have its forwarding implemented"):
             run()
         return

@@ -1,10 +1,10 @@
-"""Every ```python block of README.md runs as written, offline.
+"""Every ```python block of README.md and docs/*.md runs as written, offline.
 
 Each block runs alone in a fresh interpreter, in an empty working folder, with the Hub ids and placeholder paths it
-names (`PLACEHOLDERS`) replaced by local folders: tiny models of the same kind, or the test fixtures. A block that
-truly needs the Hub or real training data is marked in the README by a comment on the line before its fence,
-`<!-- readme-test: skip (the reason) -->`; `SKIPPED` counts them, so that the marks cannot silently grow. A new
-block that names another Hub id or placeholder path fails here until it gets a local stand-in below.
+names (`placeholders`) replaced by local folders: tiny models of the same kind, or the test fixtures. A block that
+truly needs the Hub or real training data is marked in its page by a comment on the line before its fence,
+`<!-- readme-test: skip (the reason) -->`; `SKIPPED` counts them per page, so that the marks cannot silently grow.
+A new block that names another Hub id or placeholder path fails here until it gets a local stand-in below.
 """
 
 import os
@@ -21,7 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 SKIP_MARK = re.compile(r"<!-- readme-test: skip \((?P<reason>[^)]+)\) -->")
-SKIPPED = 2  # the XLNet fine-tuning and pretraining recipes (their data and a Hub tokenizer)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SKIPPED = {"docs/xlnet.md": 2}  # the XLNet fine-tuning and pretraining recipes (their data and a Hub tokenizer)
 
 
 def python_blocks(text: str):
@@ -40,7 +41,12 @@ def python_blocks(text: str):
     return blocks
 
 
-BLOCKS = python_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+BLOCKS = [(page_name(page), line, code, reason)
+          for page in PAGES for line, code, reason in python_blocks(page.read_text(encoding="utf-8"))]  # fmt: skip
 
 
 def make_transfo_xl_folder(folder: Path):
@@ -65,6 +71,8 @@ def placeholders(tmp_path_factory):
     make_transfo_xl_folder(transfo_xl)
     return {
         "path/to/transfo-xl-wt103": transfo_xl,
+        "transfo-xl/transfo-xl-wt103": transfo_xl,
+        "path/to/my-text.txt": FIXTURES / "tokenizer" / "corpus.txt",  # 1,100 lines of prose, numbers, punctuation
         "xlnet/xlnet-base-cased": FIXTURES / "hf_legacy" / "xlnet_lm",  # a transformers XLNet LM with spiece.model
         "path/to/transformers-4.x-finetuned-folder": FIXTURES / "hf_legacy" / "xlnet_classifier",
     }
@@ -77,17 +85,20 @@ def substitute(code: str, placeholders: dict) -> str:
     return code
 
 
-def test_the_readme_has_python_blocks_and_counted_skips():
-    reasons = [reason for _, _, reason in BLOCKS if reason]
-    assert len(BLOCKS) - len(reasons) >= 5
-    assert len(reasons) == SKIPPED, f"skipped README blocks changed: {reasons}; run them, or update SKIPPED"
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert len(SKIP_MARK.findall(text)) == SKIPPED, "a skip mark that is not right before a ```python fence"
+def test_the_pages_have_python_blocks_and_counted_skips():
+    assert len([block for block in BLOCKS if not block[3]]) >= 7
+    for page in PAGES:
+        name = page_name(page)
+        reasons = [reason for page_of, _, _, reason in BLOCKS if page_of == name and reason]
+        expected = SKIPPED.get(name, 0)
+        assert len(reasons) == expected, f"skipped blocks of {name} changed: {reasons}; run them, or update SKIPPED"
+        marks = [line for line in page.read_text(encoding="utf-8").splitlines() if SKIP_MARK.fullmatch(line.strip())]
+        assert len(marks) == expected, f"{name}: a skip mark that is not right before a ```python fence"
 
 
-@pytest.mark.parametrize("line, code", [(line, code) for line, code, reason in BLOCKS if not reason],
-                         ids=[f"README.md:{line}" for line, _, reason in BLOCKS if not reason])  # fmt: skip
-def test_readme_block_runs(line, code, placeholders, tmp_path):
+@pytest.mark.parametrize("page, line, code", [block[:3] for block in BLOCKS if not block[3]],
+                         ids=[f"{page}:{line}" for page, line, _, reason in BLOCKS if not reason])  # fmt: skip
+def test_readme_block_runs(page, line, code, placeholders, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(
         [sys.executable, "-c", substitute(code, placeholders)],
@@ -97,4 +108,33 @@ def test_readme_block_runs(line, code, placeholders, tmp_path):
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, f"README.md line {line}:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{page} line {line}:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s#]+\.(?:md|png))(?:#(?P<anchor>[^)\s]+))?\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    headings = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_links_between_the_pages_resolve(page):
+    """Every relative link of a page names a file that exists, and a heading of it where it names an anchor."""
+    for link in LINK.finditer(page.read_text(encoding="utf-8")):
+        target = (page.parent / link["target"]).resolve()
+        assert target.is_file(), f"{page_name(page)}: broken link {link[0]}"
+        if link["anchor"]:
+            assert link["anchor"] in anchors(target), f"{page_name(page)}: no heading for {link[0]}"
+
+
+def test_ci_runs_the_readmes_two_commands():
+    """.ci/run runs the README's install-and-demo command (the demo with --quick) and its test command, as written."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    install, test = blocks[0].strip(), blocks[1].strip()
+    assert install.endswith("transformers-xl demo") and test == "HF_HUB_OFFLINE=1 python -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert install + " --quick" in ci and test in ci

@@ -113,7 +113,7 @@ def test_lower_case_matches_legacy():
     lines = LINES[: len(EXPECTED["lower_case_ids"])]
     ids = lower(lines)["input_ids"]
     expected = [as_ids(line_ids) for line_ids in EXPECTED["lower_case_ids"]]
-    # The one known difference (README): legacy lower-cased before finding special tokens, so split `x<UNK>y`.
+    # A known difference (docs/tokenizers.md): legacy lower-cased before finding special tokens, so split `x<UNK>y`.
     [glued] = [i for i, line in enumerate(lines) if "x<UNK>y" in line]
     assert first_mismatches(ids, expected) == [(LINES[glued], ids[glued], expected[glued])]
 

@@ -39,7 +39,8 @@ class TransfoXLTokenizer(TokenizersBackend):
         add_double_eos (`bool`, defaults to `False`): wrap every sequence in `<S>` ... `<S>` (lm1b style).
         never_split (`list[str]`, *optional*): `<word>` tokens kept whole in any letter case (the special tokens by
             default); the special tokens themselves are never split in their exact spelling.
-        unk_token, eos_token, additional_special_tokens: as the legacy tokenizer (`<unk>`, `<eos>`, `["<formula>"]`).
+        unk_token, eos_token, additional_special_tokens: by default the legacy tokenizer's (`<unk>` or `<UNK>`, `<eos>`,
+            `["<formula>"]`), those the vocabulary has (see `_default_special_tokens`).
         delimiter, language: accepted for legacy configs; only `None` and `"en"` are supported.
     """
 
@@ -57,8 +58,8 @@ class TransfoXLTokenizer(TokenizersBackend):
         add_eos: bool = False,
         add_double_eos: bool = False,
         never_split: list[str] | None = None,
-        unk_token: str = "<unk>",
-        eos_token: str = "<eos>",
+        unk_token: str | None = None,
+        eos_token: str | None = None,
         additional_special_tokens: list[str] | None = None,
         delimiter: str | None = None,
         language: str = "en",
@@ -68,18 +69,21 @@ class TransfoXLTokenizer(TokenizersBackend):
             raise ValueError("TransfoXLTokenizer: character-level vocabularies (`delimiter=''`) are not supported.")
         if language != "en":
             raise ValueError(f"TransfoXLTokenizer: only the English Moses rules exist here, not {language!r}.")
-        if additional_special_tokens is None and "extra_special_tokens" not in kwargs:
-            additional_special_tokens = ["<formula>"]
         self._add_eos, self._add_double_eos = add_eos, add_double_eos
         kwargs.pop("clean_up_tokenization_spaces", None)  # legacy configs say True: the decoder does the clean-up
+        if tokenizer_file is None and vocab is None:
+            legacy_file = pretrained_vocab_file or pretrained_vocab_file_torch or vocab_file
+            if legacy_file is None:
+                raise ValueError("TransfoXLTokenizer needs a `vocab`, a `tokenizer_file` or a legacy vocab file.")
+            vocab = read_legacy_vocab(legacy_file)
+        from_4x = tokenizer_file or pretrained_vocab_file or pretrained_vocab_file_torch
+        unk_token, eos_token, additional_special_tokens = _default_special_tokens(
+            None if from_4x else vocab, unk_token, eos_token, additional_special_tokens, add_eos, kwargs
+        )
         if tokenizer_file is None:
-            if vocab is None:
-                legacy_file = pretrained_vocab_file or pretrained_vocab_file_torch or vocab_file
-                if legacy_file is None:
-                    raise ValueError("TransfoXLTokenizer needs a `vocab`, a `tokenizer_file` or a legacy vocab file.")
-                vocab = read_legacy_vocab(legacy_file)
             specials = [unk_token, eos_token, *(additional_special_tokens or kwargs.get("extra_special_tokens", []))]
-            self._tokenizer = self._build_pipeline(vocab, lower_case, [str(t) for t in never_split or specials])
+            protected = [str(t) for t in never_split or specials if t is not None]
+            self._tokenizer = self._build_pipeline(vocab, lower_case, protected)
         super().__init__(
             tokenizer_file=tokenizer_file,
             lower_case=lower_case,
@@ -203,6 +207,23 @@ class TransfoXLTokenizer(TokenizersBackend):
         self._tokenizer.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=[marker]
         )
+
+
+def _default_special_tokens(symbols, unk_token, eos_token, additional_special_tokens, add_eos, kwargs):
+    """The legacy tokenizer's special tokens (`<unk>`, `<eos>`, `["<formula>"]`) for those not given. For 4.x files
+    (`symbols` None) all of them, as 4.x added them, a missing `<formula>` after the vocabulary (so ids stay those
+    4.x gave); for an original-code vocab.txt or a given vocabulary, only those it has (lm1b's has `<UNK>` and no
+    `<eos>` or `<formula>`), so no id is added after its own symbols."""
+    def has(token):
+        return symbols is None or token in symbols
+
+    if unk_token is None:
+        unk_token = "<unk>" if symbols is None else unknown_symbol(symbols)
+    if eos_token is None and (has("<eos>") or add_eos):
+        eos_token = "<eos>"
+    if additional_special_tokens is None and "extra_special_tokens" not in kwargs:
+        additional_special_tokens = ["<formula>"] if has("<formula>") else []
+    return unk_token, eos_token, additional_special_tokens
 
 
 def pipeline_words(tokenizer: Tokenizer, line: str, add_eos: bool = False) -> list[str]:

@@ -1,7 +1,7 @@
 """transformers-xl: Transformer-XL and XLNet as first-class models in transformers v5.
 
 Importing the package registers model type `transfo-xl` with the Auto classes. XLNet keeps transformers'
-built-in registration; our XLNet classes are imported from here (see README, "Auto classes"). It also registers
+built-in registration; our XLNet classes are imported from here (see docs/xlnet.md, "Auto classes"). It also registers
 every model class for remote code, so that `save_pretrained` / `push_to_hub` write folders that load with
 `trust_remote_code=True` where this package is not installed.
 """
