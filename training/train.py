@@ -5,7 +5,7 @@
                           [--tgt-len L] [--mem-len M] [--eval-tgt-len L] [--learning-rate LR] [--warmup-steps N]
                           [--cutoffs A,B,C | none] [--min-freq N] [--max-size N] [--varlen] [--bf16]
                           [--save-steps N] [--eval-steps N] [--logging-steps N] [--report-to ...] [--seed N]
-                          [--resume | --overwrite]
+                          [--threads N] [--resume | --overwrite]
 
 The files are read as the original corpus readers read them (training/corpus.py: already tokenised text, one
 sentence or paragraph per line, `<eos>` per line for the word recipes; space-separated characters for enwik8 /
@@ -114,12 +114,19 @@ def add_arguments(parser):
     parser.add_argument("--logging-steps", type=_positive, default=50, help="log every N steps (default: 50)")
     parser.add_argument("--report-to", nargs="+", default=["none"], help="Trainer's loggers: tensorboard, wandb, ...")
     parser.add_argument("--seed", type=int, default=1111, help="seed (default: train.py's 1111)")
+    parser.add_argument(
+        "--threads", type=_positive,
+        help="CPU threads for torch (default: torch's choice); on a machine busy with other work, 1 avoids threads "
+        "spinning while they wait for a core",
+    )  # fmt: skip
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     existing.add_argument("--overwrite", action="store_true", help="start again in an existing --output-dir")
 
 
 def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         plan = prepare(args)
         results = train(plan)
