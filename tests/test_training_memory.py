@@ -7,7 +7,10 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import TrainingArguments
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 from transformers_xl.training import MemoryTrainer, TextStream
@@ -182,6 +185,27 @@ def test_resume_continues_the_same_streams_with_the_same_memory(tmp_path):
         for name in ("mems_in", "mems_out"):
             for a, b in zip(again[name], original[name], strict=True):
                 assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("untied_before_resume", [False, True])
+def test_resume_restores_the_tied_output_layer_without_a_missing_keys_warning(tmp_path, untied_before_resume):
+    """save_pretrained leaves the output layer out of the checkpoint: it is the embedding table's own tensor. A
+    resume restores it with the embedding, tied (again, if something untied it), and warns of no missing key."""
+    data = stream()
+    MemoryTrainer(model=tiny_lm(), args=training_args(tmp_path, max_steps=2, save_steps=2, save_strategy="steps"),
+                  train_dataset=data).train()  # fmt: skip
+    checkpoint = tmp_path / "checkpoint-2"
+    saved = load_file(checkpoint / "model.safetensors")
+    assert "crit.out_layers.0.weight" not in saved
+    model = tiny_lm(seed=1)
+    if untied_before_resume:
+        model.crit.out_layers[0].weight = torch.nn.Parameter(model.crit.out_layers[0].weight.detach().clone())
+    trainer = MemoryTrainer(model=model, args=training_args(tmp_path, max_steps=2), train_dataset=data)
+    with CaptureLogger(logging.get_logger("transformers.trainer")) as log:
+        trainer.train(resume_from_checkpoint=str(checkpoint))  # (no step left: the weights are the checkpoint's)
+    assert "missing keys" not in log.out
+    assert model.crit.out_layers[0].weight is model.transformer.word_emb.emb_layers[0].weight
+    assert torch.equal(model.crit.out_layers[0].weight, saved["transformer.word_emb.emb_layers.0.weight"])
 
 
 def test_a_stream_with_the_wrong_number_of_rows_is_refused(tmp_path):

@@ -199,6 +199,20 @@ class MemoryTrainer(Trainer):
             self._restored_memory = self._load_memory(resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
 
+    def _issue_warnings_after_load(self, load_result):
+        """Trainer reloads a checkpoint's weights with torch's `load_state_dict`, which lists as missing the tied
+        weights `save_pretrained` leaves out of the file (e.g. `crit.out_layers.0.weight`, the embedding table's own
+        tensor): they were restored with the weights they are tied to. Tie again, as `from_pretrained` does, and
+        warn only about the keys that are still missing (transformers' check expects `_keys_to_ignore_on_save`)."""
+        missing, tied = set(load_result.missing_keys), getattr(self.model, "all_tied_weights_keys", None) or {}
+        restorable = {key for key in missing if key in tied and tied[key] not in missing}
+        if restorable:
+            self.model.tie_weights()
+            parameters = dict(self.model.named_parameters(remove_duplicate=False))
+            restored = {key for key in restorable if parameters.get(key) is parameters.get(tied[key], False)}
+            load_result = load_result._replace(missing_keys=[k for k in load_result.missing_keys if k not in restored])
+        super()._issue_warnings_after_load(load_result)
+
     def _memory_file(self, checkpoint):
         return os.path.join(checkpoint, f"memory-rank{self.args.process_index}.safetensors")
 
