@@ -16,7 +16,7 @@ from huggingface_hub.errors import HTTPError
 
 from .. import hub_configs
 from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
-from .publish import OutputError, check_output
+from .publish import OutputError, OutputExists, check_output
 
 
 def read_source(args):
@@ -95,6 +95,8 @@ def _convert_and_push(args, output: Path) -> int:
         )  # fmt: skip
     except (ValueError, TypeError, FileExistsError, FileNotFoundError, OutputError) as error:
         log(f"error: {error}")
+        if isinstance(error, OutputExists) and args.push_to:
+            log(f"to push it as it is, without converting again: transformers-xl push {args.output} {args.push_to}")
         return 1
     if args.push_to:
         try:
