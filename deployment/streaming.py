@@ -26,8 +26,6 @@ def check_exportable(model: nn.Module):
         raise ValueError(f"{name} has no export here; expected one of transformers-xl's Transformer-XL or XLNet "
                          "classes.")
     config = model.config
-    if type(model) in (TransfoXLPreTrainedModel, XLNetPreTrainedModel):
-        raise ValueError(f"{name} is an abstract base class; expected a model class (e.g. the LM head).")
     if model.training and getattr(config, "sample_softmax", 0) > 0:
         raise ValueError(
             f"{name} is in training mode with a sampled softmax (sample_softmax={config.sample_softmax}), a training "
