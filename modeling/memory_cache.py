@@ -109,12 +109,12 @@ class GrowingTensor:
         self.length -= count
 
 
-def key_values_over(memory: torch.Tensor | None, segment: torch.Tensor, project):
-    """Keys and values [B, H, m + q, D] of [memory; segment], `project` mapping [B, L, d] to keys and values
-    [B, H, L, D]. The two parts are projected apart and the results joined: joining the inputs instead would make
-    one more [B, m + q, d] copy, kept for the backward pass as the projection's input, and leave the keys as
-    strided views, which every attention product would copy again."""
-    key, value = project(segment)
+def key_values_over(memory: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor, project):
+    """Keys and values [B, H, m + q, D] of [memory; segment] from the segment's own (`key`, `value` [B, H, q, D]),
+    `project` mapping the memory [B, m, d] to its keys and values. The two parts are projected apart and the
+    results joined: joining the inputs instead would make one more [B, m + q, d] copy, kept for the backward pass
+    as the projection's input, and leave the keys as strided views, which every attention product would copy
+    again."""
     if memory is None:
         return key, value
     memory_key, memory_value = project(memory)

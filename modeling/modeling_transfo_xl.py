@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
 from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
-from .decoding_linear import DecodingLinear, linear
+from .decoding_linear import linear_layer
 from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
@@ -120,7 +120,7 @@ class TransfoXLAttention(nn.Module):
         self.attn_type, self.pre_lnorm = config.attn_type, config.pre_lnorm
         inner = config.n_head * config.d_head
         self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
-        self.o_net = DecodingLinear(inner, config.d_model, bias=False)
+        self.o_net = nn.Linear(inner, config.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
         self.drop = nn.Dropout(config.dropout)
         self.dropatt = config.dropatt
@@ -143,15 +143,14 @@ class TransfoXLAttention(nn.Module):
         """Keys and values [B, H, L, D] of layer inputs `context` (normalised first under pre-LN)."""
         if self.pre_lnorm:
             context = self.layer_norm(context)
-        inner = self.n_head * self.d_head
-        key, value = linear(context, self.qkv_net.weight[inner:]).chunk(2, dim=-1)
+        key, value = linear_layer(self.qkv_net, context, slice(self.n_head * self.d_head, None)).chunk(2, dim=-1)
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R / sqrt(D): [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole
         batch, pre-scaled so that the shifted scores are the attention bias as they are (copied to rows per head:
         the scores read them once per query, far faster than through a strided view)."""
-        keys = self.r_net(position_embedding) * self.d_head**-0.5
+        keys = linear_layer(self.r_net, position_embedding) * self.d_head**-0.5
         return self._heads(keys[None])[0].contiguous()
 
     def _position_terms(self, query, key_length, position_keys, r_r_bias, folded_mask):
@@ -194,11 +193,13 @@ class TransfoXLAttention(nn.Module):
         """
         query_length = hidden.shape[1]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        query = self._heads(linear(normed, self.qkv_net.weight[: self.n_head * self.d_head]))
+        # The segment's queries, keys and values in one product (the memory's keys and values, if not cached, in
+        # another: `project_keys_values`)
+        query, key, value = map(self._heads, linear_layer(self.qkv_net, normed).chunk(3, dim=-1))
         if cached_memory is not None:
-            key, value = cached_memory.key_values_with(*self.project_keys_values(hidden))
+            key, value = cached_memory.key_values_with(key, value)
         else:
-            key, value = key_values_over(memory, hidden, self.project_keys_values)
+            key, value = key_values_over(memory, key, value, self.project_keys_values)
 
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
@@ -218,7 +219,7 @@ class TransfoXLAttention(nn.Module):
             output_attentions=output_attentions,
         )
         attention = attention.transpose(1, 2).reshape(hidden.shape[0], query_length, -1)
-        output = self.drop(self.o_net(attention))
+        output = self.drop(linear_layer(self.o_net, attention))
         output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)
         return output, probs, (key, value)
 
@@ -239,18 +240,24 @@ class TransfoXLFeedForward(nn.Module):
         super().__init__()
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
-            DecodingLinear(config.d_model, config.d_inner),
+            nn.Linear(config.d_model, config.d_inner),
             ReLUInPlaceWithoutGradients(),
             nn.Dropout(config.dropout),
-            DecodingLinear(config.d_inner, config.d_model),
+            nn.Linear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),
         )
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
 
+    def _core(self, hidden: torch.Tensor) -> torch.Tensor:
+        """CoreNet(hidden), its linear layers called through `linear_layer`."""
+        for module in self.CoreNet:
+            hidden = linear_layer(module, hidden) if isinstance(module, nn.Linear) else module(hidden)
+        return hidden
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.pre_lnorm:
-            return hidden + self.CoreNet(self.layer_norm(hidden))
-        return self.layer_norm(hidden + self.CoreNet(hidden))
+            return hidden + self._core(self.layer_norm(hidden))
+        return self.layer_norm(hidden + self._core(hidden))
 
 
 class TransfoXLLayer(GradientCheckpointingLayer):
@@ -572,8 +579,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         attention = self.layers[layer_idx].dec_attn
         if cache is None:
             return attention.project_positions(position_embedding)
-        dtype = attention.r_net.weight.dtype
-        device = attention.r_net.weight.device
+        # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
+        dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
         return cache.position_keys(
             layer_idx,
             key_length + 1,

@@ -35,7 +35,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
-from .decoding_linear import DecodingLinear, linear
+from .decoding_linear import is_plain_linear, linear, linear_layer
 from .input_checks import (
     check_class_ids,
     check_inputs,
@@ -191,9 +191,22 @@ class XLNetRelativeAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """[B, L, d] x [d, H, D] -> [B, H, L, D]."""
-        return torch.matmul(x, weight.flatten(1)).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+    def _heads(self, x: torch.Tensor, projection) -> torch.Tensor:
+        """[B, L, d] x [d, H, D] -> [B, H, L, D] (see `_project`)."""
+        return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+
+    def use_linear_layers(self):
+        """Replace the projections q, k, v, r (parameters [d_model, H, D], applied as x W) and o ([d_model, H, D],
+        applied as W x) by `nn.Linear` layers of the same products, so that tools that quantize or replace
+        `nn.Linear` layers reach them too (see quantization.py). The checkpoint names keep the original layout:
+        for deployment, not for saving (the state dict's names become `q.weight` ...)."""
+        for name in ("q", "k", "v", "r", "o"):
+            weight = getattr(self, name).detach().flatten(1)
+            weight = weight if name == "o" else weight.t()
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+            layer.weight.data.copy_(weight)
+            delattr(self, name)
+            setattr(self, name, layer)
 
     def project_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [B, H, k, D] of [memory; segment]. (Two GEMMs: fusing them would copy both weights on
@@ -204,7 +217,7 @@ class XLNetRelativeAttention(nn.Module):
         """W_r R for every relative distance, once for the whole batch and pre-scaled by 1/sqrt(d_head) (see
         `_attend`): [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward, backward) -> [2, 1, H, R, D],
         broadcasting over the two halves of the batch."""
-        keys = torch.matmul(position_embeddings.to(self.r.dtype), self.r.flatten(1)) * self.d_head**-0.5
+        keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r) * self.d_head**-0.5
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3).contiguous()  # rows per head
         return keys[:, None] if self.bi_data else keys
 
@@ -238,7 +251,8 @@ class XLNetRelativeAttention(nn.Module):
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Output projection o, dropout, residual and post layer norm."""
         attention = attention.transpose(1, 2).flatten(2)
-        output = self.dropout(linear(attention, self.o.flatten(1)))
+        output = linear(attention, self.o.flatten(1)) if isinstance(self.o, torch.Tensor) else self.o(attention)
+        output = self.dropout(output)
         return self.layer_norm(output + residual)
 
     def forward(
@@ -268,7 +282,7 @@ class XLNetRelativeAttention(nn.Module):
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
             memory = None if memory is None else memory.to(content.dtype)
-            key, value = key_values_over(memory, content, self.project_keys_values)
+            key, value = key_values_over(memory, *self.project_keys_values(content), self.project_keys_values)
 
         # Both streams share the projections: the rows of h and g go through q and o together, so a decoding step
         # reads each weight once.
@@ -310,6 +324,12 @@ class XLNetRelativeAttention(nn.Module):
         return content_out, query_out, probs, (key, value)
 
 
+def _project(x: torch.Tensor, projection) -> torch.Tensor:
+    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W), or the layer
+    `use_linear_layers` put in its place."""
+    return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
+
+
 _PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
 
@@ -330,14 +350,14 @@ class XLNetFeedForward(nn.Module):
     def __init__(self, config: XLNetConfig):
         super().__init__()
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.layer_1 = DecodingLinear(config.d_model, config.d_inner)
-        self.layer_2 = DecodingLinear(config.d_inner, config.d_model)
+        self.layer_1 = nn.Linear(config.d_model, config.d_inner)
+        self.layer_2 = nn.Linear(config.d_inner, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         activation = config.ff_activation
         self.activation_function = ACT2FN[activation] if isinstance(activation, str) else activation
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        inner = self.layer_1(hidden)
+        inner = linear_layer(self.layer_1, hidden)
         if torch.is_grad_enabled() and inner.requires_grad and not torch.compiler.is_compiling():
             output = checkpoint(self._activation_and_output, inner, use_reentrant=False, context_fn=_save_products)
         else:
@@ -348,7 +368,7 @@ class XLNetFeedForward(nn.Module):
         """layer_2(dropout(activation(inner))). With gradients, the activation is recomputed in the backward pass
         from `inner` (saved as this function's input) instead of being stored too: a [B, L, d_inner] tensor less
         per layer for an elementwise pass (the products are stored, as usual)."""
-        return self.layer_2(self.dropout(self.activation_function(inner)))
+        return linear_layer(self.layer_2, self.dropout(self.activation_function(inner)))
 
 
 class XLNetLayer(GradientCheckpointingLayer):
@@ -641,7 +661,7 @@ class XLNetModel(XLNetPreTrainedModel):
             span,
             lowest,
             lambda n: attention.project_positions(
-                self._relative_position_embeddings(lowest + n - 1, lowest, attention.r.device).to(attention.r.dtype)
+                self._relative_position_embeddings(lowest + n - 1, lowest, attention.r_r_bias.device)
             ),
         )
 
@@ -859,7 +879,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def __init__(self, config: XLNetConfig):
         super().__init__(config)
         self.transformer = XLNetModel(config)
-        self.lm_loss = DecodingLinear(config.d_model, config.vocab_size, bias=True)
+        self.lm_loss = nn.Linear(config.d_model, config.vocab_size, bias=True)
         self.post_init()
 
     def get_output_embeddings(self):
@@ -919,11 +939,13 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_loss(hidden)
+        logits = linear_layer(self.lm_loss, hidden)
         loss = None
         if labels is not None:
 
             def language_model_loss(flat_hidden, target, reduction):
+                if not is_plain_linear(self.lm_loss):  # (a quantized or replaced layer: the loss of its logits)
+                    return reduced_cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction)
                 # (the loss and its gradients in chunks of rows, from the logits already made: see cross_entropy.py)
                 words = SoftmaxPart(self.lm_loss.weight, self.lm_loss.bias, 0, logits.shape[-1])
                 softmax = Softmax(flat_hidden, target, (words,), logits=logits.reshape(-1, logits.shape[-1]))
