@@ -90,7 +90,7 @@ def word_tokenizer(vocab: dict[str, int], line_end: str, lower_case: bool = Fals
     if last:
         for marker in {first, last} - {""}:
             if marker not in vocab:
-                raise CorpusError(f"--line-end {line_end}: the vocabulary has no {marker!r} to end lines with.")
+                raise CorpusError(f"the vocabulary has no {marker!r} to end lines with (line end {line_end}).")
         template = f"{first} $A {last}" if first else f"$A {last}"
         markers = [(marker, vocab[marker]) for marker in dict.fromkeys(m for m in (first, last) if m)]
         tokenizer.post_processor = processors.TemplateProcessing(single=template, special_tokens=markers)
