@@ -53,8 +53,9 @@ def stream(model, output, segments):
 
 
 def test_transformer_xl_lm_streams_through_onnx_runtime_with_its_memory(tmp_path, capsys):
-    """Fixed batch and segment length; the memory starts empty, grows, then slides at mem_len (the graph's Slice)."""
-    model, output, status = export(tmp_path, "TransfoXLLMHeadModel", "--batch-size", "2")
+    """Fixed batch and segment length; the memory starts empty, grows, then slides at mem_len (the graph's Slice).
+    With `same_length`, whose mask depends on how far memory + segment exceed mem_len on both sides of it."""
+    model, output, status = export(tmp_path, "TransfoXLLMHeadModel", "--batch-size", "2", same_length=True)
     assert status == 0
     assert "verified the graph in ONNX Runtime against eager" in capsys.readouterr().err
     assert sorted(path.name for path in output.iterdir() if not path.name.startswith(".")) == [
