@@ -20,6 +20,8 @@ class ConvertedCheckpoint:
     compare_with_source: Callable[[PreTrainedModel], float] | None = None
     """Runs the source and the converted model on a sample input and returns the largest absolute difference of
     their outputs; None where the source cannot be run here."""
+    compared_with: str = "the source model"
+    """What `compare_with_source` runs, in words, for the verification line and the model card."""
     tokenizer_files: dict[str, str] = field(default_factory=dict)
     """Vocabulary files found beside the source, by kind ("vocab.pkl", "vocab.txt", "spiece.model", ...)."""
 

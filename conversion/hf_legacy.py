@@ -6,7 +6,6 @@ stored weight used, none missing, every shape as the config says), the vocabular
 loaded model kept as the source that the written folder is verified against.
 """
 
-import json
 import pickle
 from functools import partial
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..modeling import modeling_transfo_xl, modeling_xlnet
 from .converted import ConvertedCheckpoint, does_not_fit
 from .hub_export import SETTINGS_FILE, max_difference
 from .remote_code import OWN_AUTO_CLASS
+from .source_files import check_zip_entries, read_json, refused_pickle
 
 MODULES = {"transfo-xl": modeling_transfo_xl, "xlnet": modeling_xlnet}
 DEFAULT_HEADS = {"transfo-xl": "TransfoXLLMHeadModel", "xlnet": "XLNetLMHeadModel"}
@@ -37,7 +37,7 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
     config_file = Path(config) if config is not None else folder / "config.json"
     if not folder.is_dir() or not config_file.is_file():
         raise ValueError(f"{source}: expected a transformers folder with a config.json (or pass --config).")
-    config_dict = json.loads(config_file.read_text(encoding="utf-8"))
+    config_dict = read_json(config_file)
     model_type = config_dict.get("model_type")
     if model_type not in MODULES:
         raise ValueError(f"{source}: a {model_type!r} checkpoint; expected model_type 'transfo-xl' or 'xlnet'.")
@@ -47,6 +47,12 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         heads = sorted(name for name in OWN_AUTO_CLASS if hasattr(MODULES[model_type], name))
         raise ValueError(f"{source}: unknown {model_type} head {head!r}; expected one of {heads}.")
     ours = model_class.config_class.from_dict(config_dict)
+    compared_with = "the source folder run by transformers-xl, not by transformers 4.x"
+    if model_type == "transfo-xl" and "zero_initial_mems" not in config_dict:
+        # transformers 4.x started every stream from mem_len zero vectors that are attended to; so does the written
+        # folder, which therefore gives 4.x's numbers (our default, the original code's, is an empty first memory)
+        ours.zero_initial_mems = True
+        compared_with += "; both start from mem_len zero vectors of memory, as 4.x did: zero_initial_mems=True"
 
     try:
         stored = stored_shapes(folder)
@@ -80,6 +86,7 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         state_dict=model.state_dict(),
         source=f"transformers 4.x folder {folder.name} ({head})",
         compare_with_source=partial(max_difference, model),
+        compared_with=compared_with,
         tokenizer_files={kind: str(folder / kind) for kind in VOCABULARY_FILES if (folder / kind).is_file()},
     )
 
@@ -92,7 +99,7 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             files = [folder / single]
             break
         if (folder / index).is_file():
-            weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
+            weight_map = read_json(folder / index)["weight_map"]
             files = [folder / name for name in sorted(set(weight_map.values()))]
             break
     else:
@@ -104,6 +111,10 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             with safe_open(path, framework="pt") as weights:
                 shapes.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
         else:
-            state = torch.load(path, map_location="meta", weights_only=True)
+            check_zip_entries(path)
+            try:
+                state = torch.load(path, map_location="meta", weights_only=True)
+            except pickle.UnpicklingError as error:
+                raise refused_pickle(path, error, "tensors and plain containers") from None
             shapes.update({name: tuple(tensor.shape) for name, tensor in state.items()})
     return shapes

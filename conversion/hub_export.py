@@ -3,25 +3,28 @@
 The folder holds `model.safetensors` (sharded above `max_shard_size`), `config.json` naming the head and an
 `auto_map` onto the modeling files copied beside it (transformers' remote code, see `remote_code`),
 `generation_config.json` for the LM heads, the tokenizer where a vocabulary is known, and a model card. It is written
-into a temporary folder next to OUTPUT, reloaded and compared with the source, and only then renamed to OUTPUT: a
-failed or interrupted conversion leaves no OUTPUT behind (nor a half-replaced one).
+into a staging folder next to OUTPUT, reloaded and compared with the source, and only then published at OUTPUT
+(`publish`: a rename that replaces nothing, or with `force` only a folder we wrote): a failed or interrupted
+conversion leaves no OUTPUT behind (nor a half-replaced one).
 """
 
 import json
 import os
-import pickle
-import shutil
+import re
 import sys
-import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
+from safetensors import SafetensorError
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from .converted import ConvertedCheckpoint, does_not_fit
+from .publish import MARKER, OutputError, StagingFolder
 from .remote_code import full_auto_map
+from .source_files import read_json
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 DEFAULT_TOLERANCE = 1e-4
@@ -150,6 +153,9 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
             import sentencepiece
         except ImportError as error:
             raise ValueError(f"A spiece.model needs the sentencepiece and protobuf packages ({error}).") from None
+    for kind in ("tokenizer.json", SETTINGS_FILE):
+        if kind in files:
+            read_json(files[kind])  # (a broken one is named as such)
     try:
         if "spiece.model" in files:  # (read it with SentencePiece first: transformers falls back to other formats)
             sentencepiece.SentencePieceProcessor(model_file=files["spiece.model"])
@@ -159,9 +165,20 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
                 return tokenizer_class.from_pretrained(folder)
         kind = next(kind for kind in arguments if kind in files)
         return tokenizer_class(**tokenizer_class.convert_to_native_format(**{arguments[kind]: files[kind]}))
-    except (ValueError, OSError, RuntimeError, ImportError, pickle.UnpicklingError) as error:
+    except Exception as error:  # (tokenizers raises a plain Exception for a tokenizer.json it cannot use)
         shown = ", ".join(files[kind] for kind in kinds)
         raise ValueError(f"Cannot read the vocabulary {shown} (a damaged or wrong file?): {error}") from error
+
+
+def _no_vocabulary(model_type: str, files: dict[str, str]):
+    """No vocabulary: an error where a tokenizer config promises a tokenizer, else a warning (never silence)."""
+    expected = ", ".join(sorted(TOKENIZER_KINDS[model_type]))
+    if SETTINGS_FILE in files:
+        raise ValueError(
+            f"{files[SETTINGS_FILE]} describes a tokenizer, but its vocabulary is missing (expected one of {expected} "
+            "beside it); pass --vocab FILE, or --no-tokenizer to write the model without a tokenizer."
+        )
+    log(f"warning: the output has no tokenizer: no vocabulary beside the source ({expected}) and no --vocab given")
 
 
 def save_tokenizer(tokenizer, model_type: str, folder: Path):
@@ -222,29 +239,29 @@ model = {loader}.from_pretrained("path/or/repo", trust_remote_code=True)
 # --- the folder -------------------------------------------------------------------------------------------------
 
 
-def refuse_existing(output: Path, force: bool):
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} exists; pass --force to replace it.")
-
-
 def write_folder(
     converted: ConvertedCheckpoint,
     output,
     *,
     force: bool = False,
     vocab: str | None = None,
+    with_tokenizer: bool = True,
     command: str = "(Python API)",
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
-    """Write `converted` as a Hub folder at `output` (atomically) and return the verified max difference."""
+    """Write `converted` as a Hub folder at `output` (atomically, see `publish`) and return the verified max
+    difference. `vocab` replaces the vocabulary found beside the source; `with_tokenizer=False` writes none."""
     output = Path(output).absolute()
-    refuse_existing(output, force)
     files = dict(converted.tokenizer_files)
     if vocab is not None:
         files = {kind: path for kind, path in files.items() if kind == SETTINGS_FILE}
         files[vocabulary_kind(vocab)] = vocab
-    tokenizer = load_tokenizer(converted.config.model_type, files)  # (bad vocabularies fail before any writing)
+    tokenizer = None
+    if with_tokenizer:
+        tokenizer = load_tokenizer(converted.config.model_type, files)  # (bad vocabularies fail before any writing)
+        if tokenizer is None:
+            _no_vocabulary(converted.config.model_type, files)
     if tokenizer is not None and len(tokenizer) > converted.config.vocab_size:
         raise ValueError(
             f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
@@ -254,9 +271,8 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
+    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged):
+        staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")
         model = build_model(converted)
         model.config.auto_map = full_auto_map(model)
@@ -268,7 +284,7 @@ def write_folder(
         log("verifying: reloading the written folder")
         reloaded = converted.model_class.from_pretrained(staging)
         if converted.compare_with_source is not None:
-            method = "outputs of the written folder vs the source model"
+            method = f"outputs of the written folder vs {converted.compared_with}"
             difference = converted.compare_with_source(reloaded)
         else:
             method = "outputs of the written folder vs the converted weights in memory (the source cannot be run here)"
@@ -282,28 +298,26 @@ def write_folder(
             )
         verification = {"method": method, "max_abs_diff": float(difference), "tolerance": tolerance, "passed": True}
         model_card(model, converted, command, verification).save(staging / "README.md")
-        _replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        staged.publish()
     log(f"wrote {output}")
     return difference
 
 
-def _replace(staging: Path, output: Path):
-    """Rename `staging` to `output`; an existing `output` is moved aside first and deleted after the swap."""
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # (mkdtemp made it private, and safetensors writes its files private too)
-    for path in staging.iterdir():
-        path.chmod(0o666 & ~umask)
-    if not output.exists():
-        os.replace(staging, output)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
-    os.replace(output, aside / output.name)
-    os.replace(staging, output)
-    shutil.rmtree(aside, ignore_errors=True)
+@contextmanager
+def _write_failures(staged: StagingFolder):
+    """A failed write (a full or read-only disk, ...) as one clear error naming the path and the cause, whichever
+    library wrote: Python's OSError, safetensors' SafetensorError, tokenizers' plain Exception ("(os error 28)")."""
+    try:
+        yield
+    except Exception as error:
+        code = error.errno if isinstance(error, OSError) else None
+        if code is None and (type(error) is Exception or isinstance(error, SafetensorError)):
+            found = re.search(r"\(os error (\d+)\)", str(error))
+            code = int(found.group(1)) if found else None
+        if code is None:
+            raise
+        where = getattr(error, "filename", None) or staged.path
+        raise OutputError(f"cannot write {staged.output}: {os.strerror(code)} (writing {where})") from error
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------
@@ -314,7 +328,7 @@ def push_folder(folder, repo_id: str, *, private: bool = False, revision: str | 
     """Upload every file of `folder` to the model repo `repo_id` in ONE commit (creating the repo, and the branch
     `revision`, if needed). `dry_run` prints what would go where and sends nothing. Returns the commit URL."""
     folder = Path(folder)
-    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
     api = HfApi(endpoint=endpoint, token=token)
     branch = revision or "main"
     if dry_run:

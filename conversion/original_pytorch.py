@@ -19,7 +19,6 @@ import _compat_pickle
 import io
 import pickle
 import pickletools
-import re
 import struct
 import zipfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from transformers.utils import logging
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
 from .converted import ConvertedCheckpoint
+from .source_files import check_zip_entries, read_json, refused_pickle
 
 # The classes a whole-model pickle may name: the original code's (any module path ending in one of these modules)
 # and the torch.nn modules it is built from.
@@ -144,6 +144,8 @@ def load_pickle(path) -> object:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file (expected a model.pt of kimiyoung/transformer-xl).")
+    if zipfile.is_zipfile(path):
+        check_zip_entries(path)
     try:
         placeholders = _placeholders(_pickle_globals(path))
         if not zipfile.is_zipfile(path):
@@ -151,12 +153,8 @@ def load_pickle(path) -> object:
         with torch.serialization.safe_globals(placeholders):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
-        refused = re.search(r"GLOBAL (\S+)", str(error))
-        what = refused.group(1) if refused else str(error).splitlines()[0]
-        raise ValueError(
-            f"{path}: the pickle refers to {what}, which is neither a tensor, a plain container nor a Transformer-XL "
-            "or torch.nn module class; it is not loaded (nothing from the file is run)."
-        ) from error
+        allowed = "tensors, plain containers and Transformer-XL or torch.nn module classes"
+        raise refused_pickle(path, error, allowed) from None
     except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, StopIteration, struct.error) as error:
         raise ValueError(f"{path}: cannot read the checkpoint (a truncated or damaged file?): {error}") from error
 
@@ -261,7 +259,7 @@ def read_original_pytorch(source, config=None) -> ConvertedCheckpoint:
     else:
         raise ValueError(f"{source}: expected a pickled MemTransformerLM or a state dict of tensors, got {type(loaded)}.")
     if config is not None:
-        found_config = TransfoXLConfig.from_pretrained(config)
+        found_config = TransfoXLConfig.from_dict(read_json(config))
     if found_config is None:
         raise ValueError(f"{source}: a bare state dict carries no hyper-parameters; pass --config (a config.json).")
     if any(name.startswith(("transformer.", "model/")) for name in tensors):

@@ -13,7 +13,6 @@ Transformer-XL the TF `same_length` mask (`same_length_span=1`) and the zero ini
 """
 
 import importlib.util
-import json
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +32,7 @@ from ..modeling.modeling_xlnet import (
 )
 from ..modeling.relative_attention import sinusoid_inverse_frequencies
 from .converted import ConvertedCheckpoint, does_not_fit
+from .source_files import read_json
 from .tf_bundle import TFCheckpoint, checkpoint_prefix
 
 
@@ -73,12 +73,9 @@ def _read_json(path_or_dict, what):
     if not path.is_file():
         raise ValueError(f"{what}: {path} does not exist")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{what}: {path} is not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what}: {path} holds a JSON {type(data).__name__}; expected an object")
-    return data
+        return read_json(path)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
 
 
 def _model_kind(names) -> str:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy, linear_into, softmax_dtype
-from .decoding_linear import MAX_ROWS, linear
+from .decoding_linear import MAX_ROWS, is_plain_linear, linear
 
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
@@ -135,13 +135,33 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         hidden = _project(hidden, proj)
         if (
             out is not None
+            and not torch.compiler.is_compiling()  # (first: a traced graph must not branch on the number of rows)
             and hidden.shape[0] > MAX_ROWS
             and not torch.is_autocast_enabled(hidden.device.type)
-            and not torch.compiler.is_compiling()
         ):
             return linear_into(out, hidden, weight, bias)
         logits = linear(hidden, weight, bias).to(softmax_dtype(hidden.dtype))
         return logits if out is None else out.copy_(logits)
+
+    def _called_logits(self, hidden):
+        """Every cluster's logits (the head's followed by its cluster logits), fp32 or wider, from output layers that
+        are called rather than read (quantized or replaced layers): each distinct (layer, projection) is called once
+        and its output split by cluster."""
+        outputs, logits = {}, []
+        for cluster, (start, end) in enumerate(self.bounds):
+            layer, proj = self.out_layers[0 if self.div_val == 1 else cluster], self.out_projs[cluster]
+            if (id(layer), id(proj)) not in outputs:
+                outputs[id(layer), id(proj)] = layer(_project(hidden, proj)).to(softmax_dtype(hidden.dtype))
+            first = start if self.div_val == 1 else 0
+            logits.append(outputs[id(layer), id(proj)][:, first : first + end - start])
+        if len(self.bounds) > 1:
+            cluster_logits = F.linear(_project(hidden, self.out_projs[0]), self.cluster_weight, self.cluster_bias)
+            logits[0] = torch.cat([logits[0], cluster_logits.to(logits[0].dtype)], -1)
+        return logits
+
+    def _plain_layers(self) -> bool:
+        """Whether the output layers are plain `nn.Linear` layers, whose weights the fast paths read."""
+        return all(is_plain_linear(layer) for layer in self.out_layers)
 
     def _head_cluster(self, clusters):
         """The head softmax's (weight, bias, projection), from `_clusters()`: the head words' rows, then one per tail
@@ -157,22 +177,36 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         log p(w) = log_softmax(head logits) for a head word; log p(cluster | h) + log_softmax(cluster logits) for a
         tail word. Without gradients each cluster's logits are written straight into their columns of the output and
         normalised there in place, so no cluster-sized temporary or concatenation is made (autograd cannot follow
-        writes into `out=`); with gradients, log_softmax per cluster and one concatenation."""
-        clusters, head_end = self._clusters(), self.bounds[0][1]
-        if torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad):
-            head = torch.log_softmax(self._logits(hidden, *self._head_cluster(clusters)), -1)
+        writes into `out=`); with gradients, or with output layers that are called rather than read (quantized),
+        log_softmax per cluster and one concatenation."""
+        head_end, plain = self.bounds[0][1], self._plain_layers()
+        if not plain or torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad):
+            if plain:
+                clusters = self._clusters()
+                logits = [self._logits(hidden, *self._head_cluster(clusters))]
+                logits += [self._logits(hidden, *cluster) for cluster in clusters[1:]]
+            else:
+                logits = self._called_logits(hidden)
+            head = torch.log_softmax(logits[0], -1)
             pieces = [head[:, :head_end]]
-            for cluster in range(1, len(self.bounds)):
-                tail = torch.log_softmax(self._logits(hidden, *clusters[cluster]), -1)
-                pieces.append(tail + head[:, head_end + cluster - 1, None])
+            for cluster, tail_logits in enumerate(logits[1:], start=1):
+                pieces.append(torch.log_softmax(tail_logits, -1) + head[:, head_end + cluster - 1, None])
             return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+        clusters = self._clusters()
         output = torch.empty(hidden.shape[0], self.vocab_size, dtype=softmax_dtype(hidden.dtype), device=hidden.device)
         # The head softmax (head words, then one logit per tail cluster) is normalised in the output's first columns;
         # the tail clusters' log-probabilities are kept aside before the first tail cluster overwrites them.
         # (The biases are added by `_log_softmax_`'s pass, not by the GEMM, whose out= form would first copy them
         # into the whole output slice.)
-        weight, bias, proj = self._head_cluster(clusters)
-        head = _log_softmax_(self._logits(hidden, weight, None, proj, out=output[:, : self.head_size]), bias)
+        # (The cluster logits are a product of their own beside the head words': joining the cluster weights to the
+        # head's, as with gradients, would copy the head's weights at every decoding step.)
+        weight, bias, proj = clusters[0]
+        projected = _project(hidden, proj)
+        self._logits(projected, weight, None, None, out=output[:, :head_end])
+        if len(self.bounds) > 1:
+            self._logits(projected, self.cluster_weight, None, None, out=output[:, head_end : self.head_size])
+            bias = torch.cat([bias, self.cluster_bias])
+        head = _log_softmax_(output[:, : self.head_size], bias)
         cluster_log_p = head[:, head_end:].clone()
         for cluster in range(1, len(self.bounds)):
             (start, end), (weight, bias, proj) = self.bounds[cluster], clusters[cluster]
@@ -186,7 +220,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target is
         the word itself or its cluster's column) plus, for a tail word, one over its cluster, scored only for the rows
         whose target falls in it (`linear_cross_entropy`: never an [N, vocabulary] tensor, with or without
-        gradients)."""
+        gradients). Output layers that are called rather than read (quantized) give the log-probabilities' entries."""
+        if not self._plain_layers():
+            return -self.log_prob(hidden).gather(1, target[:, None]).squeeze(1)
         head_end = self.bounds[0][1]
         cluster_of = torch.bucketize(target, torch.tensor([end for _, end in self.bounds[:-1]], device=target.device),
                                      right=True)  # fmt: skip

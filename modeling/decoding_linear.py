@@ -1,4 +1,4 @@
-"""Linear layers that stay fast for the few rows of a decoding step on CPU.
+"""Linear layers that stay fast for the few rows of a decoding step on CPU, and stay replaceable.
 
 `F.linear(x, W)` asks BLAS for `x W^T` (W stored [out, in]). On CPU in fp32 with a handful of rows (a generation
 step feeds 1-3 tokens per sequence) MKL serves that call from a matrix-vector path that streams the weights from
@@ -10,6 +10,11 @@ up to the order of the floating-point sums.
 
 Everything else (GPU, half precision, more than `MAX_ROWS` rows, one row into a narrower output, where the
 matrix-vector path is the faster one, or torch.compile) goes to `F.linear` unchanged.
+
+The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
+product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
+`quantize_dynamic`) or its weight by a tensor subclass (torchao's `quantize_`) then reach every layer, and the model
+runs whatever they put there.
 
 A decoding step is also too small to split between threads: each of its hundreds of small operations ends at a
 barrier where OpenMP's threads wait for each other, so when another process holds a core (a training run, a
@@ -37,6 +42,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         or x.device.type != "cpu"
         or x.dtype != torch.float32
         or weight.dtype != torch.float32
+        or not is_plain_tensor(weight)  # (a quantized tensor subclass implements F.linear, not mm)
         or not 0 < rows <= MAX_ROWS
         or (rows == 1 and out_features <= in_features)
     ):
@@ -49,16 +55,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return product.t()[:rows].contiguous().view(*x.shape[:-1], out_features)
 
 
-class DecodingLinear(nn.Linear):
-    """`nn.Linear` (same parameters, same state-dict names) whose forward uses `linear` above."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+def is_plain_tensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is torch's own dense tensor (or parameter), not a subclass such as torchao's quantized ones."""
+    return type(tensor) in (torch.Tensor, nn.Parameter)
 
 
-# Threads of a decoding step (see the module docstring; None: torch's own setting). One thread decodes as fast as
-# two on a quiet 2-core machine, and a busy core then costs a step nothing (`benchmarks/bench_generation.py
-# --contention` measures both).
+def is_plain_linear(layer: nn.Module) -> bool:
+    """Whether `layer` is an `nn.Linear` itself (not a subclass or a replacement) with plain weights."""
+    return type(layer) is nn.Linear and is_plain_tensor(layer.weight)
+
+
+def linear_layer(layer: nn.Module, x: torch.Tensor, features: slice = slice(None)) -> torch.Tensor:
+    """`layer(x)[..., features]`: for a plain `nn.Linear`, `linear` of only those output features' weights; any other
+    layer (quantized, or replaced by a tool) is called as it is and its output sliced."""
+    if not is_plain_linear(layer):
+        output = layer(x)
+        return output if features == slice(None) else output[..., features]
+    bias = None if layer.bias is None else layer.bias[features]
+    return linear(x, layer.weight[features], bias)
+
+
+# Threads of a decoding step (see the module docstring; None: torch's own setting). One thread decodes about as fast
+# as two on a quiet 2-core machine, and a busy core then costs a step little (`benchmarks/run.py --workloads
+# contention` measures both).
 DECODING_THREADS = 1
 # A forward pass that feeds a cache at most this many tokens (all sequences together) is a decoding step.
 DECODING_STEP_TOKENS = 16

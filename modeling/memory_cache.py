@@ -38,8 +38,8 @@ def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, d
                 f"{model}: `mems[{i}]` has dtype {mem.dtype}; expected {dtype}, the dtype of the hidden states"
                 + (f" (or {autocast_dtype} under autocast)." if autocast_dtype else ".")
             )
-    if any(mem.shape[0] != mems[0].shape[0] for mem in mems):  # (no set of lengths: it would specialise them)
-        lengths = sorted({int(mem.shape[0]) for mem in mems})
+    if any(mem.shape[0] != mems[0].shape[0] for mem in mems):  # (compared, not hashed: torch.export's sizes aren't)
+        lengths = [mem.shape[0] for mem in mems]
         raise ValueError(f"{model}: `mems` entries have lengths {lengths}; expected the same mem_len for every layer.")
 
 
@@ -109,12 +109,12 @@ class GrowingTensor:
         self.length -= count
 
 
-def key_values_over(memory: torch.Tensor | None, segment: torch.Tensor, project):
-    """Keys and values [B, H, m + q, D] of [memory; segment], `project` mapping [B, L, d] to keys and values
-    [B, H, L, D]. The two parts are projected apart and the results joined: joining the inputs instead would make
-    one more [B, m + q, d] copy, kept for the backward pass as the projection's input, and leave the keys as
-    strided views, which every attention product would copy again."""
-    key, value = project(segment)
+def key_values_over(memory: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor, project):
+    """Keys and values [B, H, m + q, D] of [memory; segment] from the segment's own (`key`, `value` [B, H, q, D]),
+    `project` mapping the memory [B, m, d] to its keys and values. The two parts are projected apart and the
+    results joined: joining the inputs instead would make one more [B, m + q, d] copy, kept for the backward pass
+    as the projection's input, and leave the keys as strided views, which every attention product would copy
+    again."""
     if memory is None:
         return key, value
     memory_key, memory_value = project(memory)
@@ -223,12 +223,23 @@ class MemoryCache(Cache):
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
             check_mems(mems, num_layers, batch_size, width, model, dtype, device)
-            return cls.from_mems(mems, mem_len)
-        if cache is None:
+            cache = cls.from_mems(mems, mem_len)
+        elif cache is None:
             return cls(num_layers, mem_len)
-        if cache.memory(0) is not None:
+        elif cache.memory(0) is not None:
             check_mems(cache.mems, num_layers, batch_size, width, model, dtype, device)
+        if torch.is_grad_enabled():
+            cache._copy_inference_tensors()
         return cache
+
+    def _copy_inference_tensors(self):
+        """Memory made under `torch.inference_mode` (e.g. by an evaluation pass) may not enter a computation that
+        autograd records ("Inference tensors cannot be saved for backward"): copy it once into ordinary tensors.
+        Nothing is lost: the memory is stop-gradient anyway. Its stored keys and values are only read without
+        gradients, where inference tensors are fine."""
+        for layer in self.layers:
+            if layer.hidden is not None and layer.hidden.is_inference():
+                layer.hidden = layer.hidden.clone()
 
     @property
     def mems(self) -> tuple[torch.Tensor, ...] | None:

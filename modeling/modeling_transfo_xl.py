@@ -23,8 +23,9 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
-from .decoding_linear import DecodingLinear, linear, on_decoding_threads
-from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
+from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
+from .decoding_linear import linear_layer, on_decoding_threads
+from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     RelativePositions,
@@ -50,10 +51,12 @@ class TransfoXLModelOutput(ModelOutput):
 
 @dataclass
 class TransfoXLLMHeadModelOutput(ModelOutput):
-    """LM output. Position t predicts `labels[:, t + 1]` (labels are shifted inside, like every causal LM).
+    """LM output. Position t predicts `labels[:, t + 1]` (labels are shifted inside, like every causal LM), or
+    `shift_labels[:, t]` (already shifted: the last position predicts the token after the segment).
 
     - `loss`: mean NLL over the predicted tokens whose label is not -100 (a scalar, as Trainer expects);
-    - `losses`: per-token NLL [batch, seq_len - 1], 0 where the label is -100;
+    - `losses`: per-token NLL [batch, seq_len - 1] (with `shift_labels`: [batch, seq_len]), 0 where the label is
+      -100;
     - `logits`: log-probabilities over the full vocabulary [batch, seq_len, vocab_size], computed only when no
       labels are given (the adaptive softmax never needs them for the loss).
     """
@@ -117,7 +120,7 @@ class TransfoXLAttention(nn.Module):
         self.attn_type, self.pre_lnorm = config.attn_type, config.pre_lnorm
         inner = config.n_head * config.d_head
         self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
-        self.o_net = DecodingLinear(inner, config.d_model, bias=False)
+        self.o_net = nn.Linear(inner, config.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
         self.drop = nn.Dropout(config.dropout)
         self.dropatt = config.dropatt
@@ -140,15 +143,14 @@ class TransfoXLAttention(nn.Module):
         """Keys and values [B, H, L, D] of layer inputs `context` (normalised first under pre-LN)."""
         if self.pre_lnorm:
             context = self.layer_norm(context)
-        inner = self.n_head * self.d_head
-        key, value = linear(context, self.qkv_net.weight[inner:]).chunk(2, dim=-1)
+        key, value = linear_layer(self.qkv_net, context, slice(self.n_head * self.d_head, None)).chunk(2, dim=-1)
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
         """W_{k,R} R / sqrt(D): [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole
         batch, pre-scaled so that the shifted scores are the attention bias as they are (copied to rows per head:
         the scores read them once per query, far faster than through a strided view)."""
-        keys = self.r_net(position_embedding) * self.d_head**-0.5
+        keys = linear_layer(self.r_net, position_embedding) * self.d_head**-0.5
         return self._heads(keys[None])[0].contiguous()
 
     def _position_terms(self, query, key_length, position_keys, r_r_bias, folded_mask):
@@ -191,11 +193,13 @@ class TransfoXLAttention(nn.Module):
         """
         query_length = hidden.shape[1]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        query = self._heads(linear(normed, self.qkv_net.weight[: self.n_head * self.d_head]))
+        # The segment's queries, keys and values in one product (the memory's keys and values, if not cached, in
+        # another: `project_keys_values`)
+        query, key, value = map(self._heads, linear_layer(self.qkv_net, normed).chunk(3, dim=-1))
         if cached_memory is not None:
-            key, value = cached_memory.key_values_with(*self.project_keys_values(hidden))
+            key, value = cached_memory.key_values_with(key, value)
         else:
-            key, value = key_values_over(memory, hidden, self.project_keys_values)
+            key, value = key_values_over(memory, key, value, self.project_keys_values)
 
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
@@ -215,7 +219,7 @@ class TransfoXLAttention(nn.Module):
             output_attentions=output_attentions,
         )
         attention = attention.transpose(1, 2).reshape(hidden.shape[0], query_length, -1)
-        output = self.drop(self.o_net(attention))
+        output = self.drop(linear_layer(self.o_net, attention))
         output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)
         return output, probs, (key, value)
 
@@ -236,18 +240,24 @@ class TransfoXLFeedForward(nn.Module):
         super().__init__()
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
-            DecodingLinear(config.d_model, config.d_inner),
+            nn.Linear(config.d_model, config.d_inner),
             ReLUInPlaceWithoutGradients(),
             nn.Dropout(config.dropout),
-            DecodingLinear(config.d_inner, config.d_model),
+            nn.Linear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),
         )
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
 
+    def _core(self, hidden: torch.Tensor) -> torch.Tensor:
+        """CoreNet(hidden), its linear layers called through `linear_layer`."""
+        for module in self.CoreNet:
+            hidden = linear_layer(module, hidden) if isinstance(module, nn.Linear) else module(hidden)
+        return hidden
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.pre_lnorm:
-            return hidden + self.CoreNet(self.layer_norm(hidden))
-        return self.layer_norm(hidden + self.CoreNet(hidden))
+            return hidden + self._core(self.layer_norm(hidden))
+        return self.layer_norm(hidden + self._core(hidden))
 
 
 class TransfoXLLayer(GradientCheckpointingLayer):
@@ -462,7 +472,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         k-1 ... 0."""
         if not hasattr(self, "pos_emb"):
             return None
-        positions = torch.arange(highest, lowest - 1, -1.0, device=device)
+        positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)  # (an integer step: exportable)
         if self.config.clamp_len > 0:
             positions = positions.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(positions).to(dtype))
@@ -570,8 +580,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         attention = self.layers[layer_idx].dec_attn
         if cache is None:
             return attention.project_positions(position_embedding)
-        dtype = attention.r_net.weight.dtype
-        device = attention.r_net.weight.device
+        # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
+        dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
         return cache.position_keys(
             layer_idx,
             key_length + 1,
@@ -597,7 +607,7 @@ def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) ->
 class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     """Transformer-XL with the projected adaptive softmax (optionally trained with a sampled softmax)."""
 
-    # forward() takes no **kwargs (unknown arguments are a TypeError), so tell Trainer it takes `num_items_in_batch`.
+    # forward()'s **kwargs take only `shift_labels` (others are a TypeError); tell Trainer it takes `num_items_in_batch`.
     accepts_loss_kwargs = True
 
     def __init__(self, config: TransfoXLConfig):
@@ -630,21 +640,38 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
     ) -> TransfoXLLMHeadModelOutput | tuple:
-        """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions.
-        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches.
+        """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions. Or, as in
+        transformers v5's causal-LM loss, `shift_labels` [batch, seq_len]: the targets already shifted, so that the
+        last position predicts the token after the segment (every token of a stream predicted once, as the original
+        protocol does; see `TextStream`). It comes through `**kwargs`, as in transformers' own models, so Trainer
+        keeps treating `labels` as the label column. `num_items_in_batch` (passed by Trainer) normalises the loss
+        over all accumulated micro-batches.
 
         With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
         `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
         `config.trainer_compatible` is true (`()` stands where 4.x put its empty prediction scores). `...` is the
         cache (when one is used), hidden states and attentions that were asked for; absent entries are left out."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if kwargs:
+            raise TypeError(f"TransfoXLLMHeadModel.forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
+        if labels is not None and shift_labels is not None:
+            raise ValueError(
+                "TransfoXLLMHeadModel: pass `labels` (the input ids, shifted inside) or `shift_labels` (the targets "
+                "already shifted), not both."
+            )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
-        if labels is not None and shape is not None:
+        if shape is not None:
             vocab_size = self.config.vocab_size
             check_token_labels(
                 "TransfoXLLMHeadModel", labels, shape, "[batch_size, seq_len]", " (the inputs' shape: labels are the "
                 "input ids, shifted inside)", vocab_size, "token ids", f" (vocab_size={vocab_size})",
+            )
+            check_token_labels(
+                "TransfoXLLMHeadModel", shift_labels, shape, "[batch_size, seq_len]", " (the inputs' shape: one "
+                "target per position)", vocab_size, "token ids", f" (vocab_size={vocab_size})", "shift_labels",
             )
         outputs = self.transformer(
             input_ids,
@@ -659,16 +686,18 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         )
         hidden = outputs.last_hidden_state
         loss = losses = logits = None
-        if labels is None:
+        if labels is not None:
+            losses, loss = self._losses(hidden[:, :-1], labels[:, 1:], num_items_in_batch)
+        elif shift_labels is not None:
+            losses, loss = self._losses(hidden, shift_labels, num_items_in_batch)
+        else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
             logits = self.crit.log_prob(kept.reshape(-1, kept.shape[-1])).view(*kept.shape[:2], -1)
-        else:
-            losses, loss = self._losses(hidden, labels, num_items_in_batch)
 
         if not return_dict:
             rest = (outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
             rest = tuple(v for v in rest if v is not None)
-            if labels is None:
+            if losses is None:
                 return (logits, *rest)
             if getattr(self.config, "trainer_compatible", False):
                 return (loss, (), losses, *rest)
@@ -734,21 +763,21 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         criteria.append(WordLevelStopStringCriteria(tokenizer, generation_config.stop_strings))
         return criteria
 
-    def _losses(self, hidden, labels, num_items_in_batch):
-        """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""
-        hidden, target = hidden[:, :-1], labels[:, 1:].to(hidden.device)
+    def _losses(self, hidden, target, num_items_in_batch):
+        """Per-token NLL [B, T] of `target` given `hidden` [B, T, d], and their mean over the real targets."""
+        target = target.to(hidden.device)
         valid = target != -100
         flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-        denominator = num_items_in_batch if num_items_in_batch is not None else valid.sum().clamp(min=1)
+        count = num_items_in_batch if num_items_in_batch is not None else valid.sum()
         if torch.compiler.is_compiling():
             # A compiled graph cannot size a tensor by the data (the number of real labels): every position is scored
             # (ignored ones as id 0) and the ignored ones zeroed.
             losses = self._nll(flat_hidden, flat_target.clamp(min=0)).where(valid.reshape(-1), 0.0)
-            return losses.view(target.shape), losses.sum() / denominator
+            return losses.view(target.shape), loss_per_target(losses.sum(), count)
         rows = valid.reshape(-1).nonzero().squeeze(-1)
         nll = self._nll(flat_hidden[rows], flat_target[rows])
         losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
-        return losses.view(target.shape), nll.sum() / denominator
+        return losses.view(target.shape), loss_per_target(nll.sum(), count)
 
     def _nll(self, hidden, target):
         """[N, d], [N] -> [N] NLL of the targets: the sampled softmax in training when configured, else exact."""
@@ -788,7 +817,9 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: MemoryCache | None = None,
     ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
+        """`cache`: a MemoryCache holding the memory instead of `mems`, updated in place (as in the LM head)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
         if labels is not None and shape is not None:
@@ -798,6 +829,7 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
             mems=mems,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            cache=cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -807,7 +839,11 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         last = self._last_token_index(input_ids, attention_mask, batch_size, seq_len, hidden.device)
         logits = self.score(hidden[torch.arange(batch_size, device=hidden.device), last])
         loss = None
-        if labels is not None:
+        if labels is not None and problem_type(self.config, labels) == "single_label_classification":
+            # (transformers' loss_function is a mean over the labels that are not -100: NaN when none is)
+            labels = labels.view(-1)
+            loss = loss_per_target(reduced_cross_entropy(logits, labels, "sum"), (labels != IGNORE_INDEX).sum())
+        elif labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         if not return_dict:
             fields = (loss, logits, outputs.mems, outputs.hidden_states, outputs.attentions)

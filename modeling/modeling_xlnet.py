@@ -35,7 +35,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
-from .decoding_linear import DecodingLinear, linear, on_decoding_threads
+from .decoding_linear import is_plain_linear, linear, linear_layer, on_decoding_threads
 from .input_checks import (
     check_class_ids,
     check_inputs,
@@ -49,7 +49,15 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
-from .cross_entropy import IGNORE_INDEX, Softmax, SoftmaxPart, linear_cross_entropy, reduce_nll, reduced_cross_entropy
+from .cross_entropy import (
+    IGNORE_INDEX,
+    Softmax,
+    SoftmaxPart,
+    linear_cross_entropy,
+    loss_per_target,
+    reduce_nll,
+    reduced_cross_entropy,
+)
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     causal_memory_mask,
@@ -183,9 +191,22 @@ class XLNetRelativeAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """[B, L, d] x [d, H, D] -> [B, H, L, D]."""
-        return torch.matmul(x, weight.flatten(1)).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+    def _heads(self, x: torch.Tensor, projection) -> torch.Tensor:
+        """[B, L, d] x [d, H, D] -> [B, H, L, D] (see `_project`)."""
+        return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+
+    def use_linear_layers(self):
+        """Replace the projections q, k, v, r (parameters [d_model, H, D], applied as x W) and o ([d_model, H, D],
+        applied as W x) by `nn.Linear` layers of the same products, so that tools that quantize or replace
+        `nn.Linear` layers reach them too (see quantization.py). The checkpoint names keep the original layout:
+        for deployment, not for saving (the state dict's names become `q.weight` ...)."""
+        for name in ("q", "k", "v", "r", "o"):
+            weight = getattr(self, name).detach().flatten(1)
+            weight = weight if name == "o" else weight.t()
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+            layer.weight.data.copy_(weight)
+            delattr(self, name)
+            setattr(self, name, layer)
 
     def project_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [B, H, k, D] of [memory; segment]. (Two GEMMs: fusing them would copy both weights on
@@ -196,7 +217,7 @@ class XLNetRelativeAttention(nn.Module):
         """W_r R for every relative distance, once for the whole batch and pre-scaled by 1/sqrt(d_head) (see
         `_attend`): [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward, backward) -> [2, 1, H, R, D],
         broadcasting over the two halves of the batch."""
-        keys = torch.matmul(position_embeddings.to(self.r.dtype), self.r.flatten(1)) * self.d_head**-0.5
+        keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r) * self.d_head**-0.5
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3).contiguous()  # rows per head
         return keys[:, None] if self.bi_data else keys
 
@@ -230,7 +251,8 @@ class XLNetRelativeAttention(nn.Module):
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Output projection o, dropout, residual and post layer norm."""
         attention = attention.transpose(1, 2).flatten(2)
-        output = self.dropout(linear(attention, self.o.flatten(1)))
+        output = linear(attention, self.o.flatten(1)) if isinstance(self.o, torch.Tensor) else self.o(attention)
+        output = self.dropout(output)
         return self.layer_norm(output + residual)
 
     def forward(
@@ -260,7 +282,7 @@ class XLNetRelativeAttention(nn.Module):
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
             memory = None if memory is None else memory.to(content.dtype)
-            key, value = key_values_over(memory, content, self.project_keys_values)
+            key, value = key_values_over(memory, *self.project_keys_values(content), self.project_keys_values)
 
         # Both streams share the projections: the rows of h and g go through q and o together, so a decoding step
         # reads each weight once.
@@ -302,6 +324,12 @@ class XLNetRelativeAttention(nn.Module):
         return content_out, query_out, probs, (key, value)
 
 
+def _project(x: torch.Tensor, projection) -> torch.Tensor:
+    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W), or the layer
+    `use_linear_layers` put in its place."""
+    return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
+
+
 _PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
 
@@ -322,14 +350,14 @@ class XLNetFeedForward(nn.Module):
     def __init__(self, config: XLNetConfig):
         super().__init__()
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.layer_1 = DecodingLinear(config.d_model, config.d_inner)
-        self.layer_2 = DecodingLinear(config.d_inner, config.d_model)
+        self.layer_1 = nn.Linear(config.d_model, config.d_inner)
+        self.layer_2 = nn.Linear(config.d_inner, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         activation = config.ff_activation
         self.activation_function = ACT2FN[activation] if isinstance(activation, str) else activation
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        inner = self.layer_1(hidden)
+        inner = linear_layer(self.layer_1, hidden)
         if torch.is_grad_enabled() and inner.requires_grad and not torch.compiler.is_compiling():
             output = checkpoint(self._activation_and_output, inner, use_reentrant=False, context_fn=_save_products)
         else:
@@ -340,7 +368,7 @@ class XLNetFeedForward(nn.Module):
         """layer_2(dropout(activation(inner))). With gradients, the activation is recomputed in the backward pass
         from `inner` (saved as this function's input) instead of being stored too: a [B, L, d_inner] tensor less
         per layer for an elementwise pass (the products are stored, as usual)."""
-        return self.layer_2(self.dropout(self.activation_function(inner)))
+        return linear_layer(self.layer_2, self.dropout(self.activation_function(inner)))
 
 
 class XLNetLayer(GradientCheckpointingLayer):
@@ -531,14 +559,14 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
 
 def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
-    """The loss averaged over this batch, or summed and divided by `num_items_in_batch` when Trainer passes it
-    (gradient accumulation: the total over all micro-batches, so that accumulated gradients equal a full batch's)."""
+    """The loss averaged over this batch's targets (class ids of -100 do not count), or summed and divided by
+    `num_items_in_batch` when Trainer passes it (gradient accumulation: the total over all micro-batches, so that
+    accumulated gradients equal a full batch's). No target at all gives 0 and zero gradients, not NaN."""
     if num_items_in_batch is None:
-        return loss_fn(inputs, targets, reduction="mean")
-    loss = loss_fn(inputs, targets, reduction="sum")
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(loss.device)
-    return loss / num_items_in_batch
+        if targets.is_floating_point():  # regression, multi-label: every value is a target
+            return loss_fn(inputs, targets, reduction="mean")
+        num_items_in_batch = (targets != IGNORE_INDEX).sum()
+    return loss_per_target(loss_fn(inputs, targets, reduction="sum"), num_items_in_batch)
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
@@ -553,12 +581,13 @@ def _output_positions(input_ids, inputs_embeds, target_mapping):
     return shape[0], target_mapping.shape[1], "[batch_size, num_predict]", " (the predictions of `target_mapping`)"
 
 
-def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note):
+def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note,
+                        argument="labels"):
     """Per-token labels: one per output position (see `_output_positions`), checked before the forward pass."""
     positions = None if labels is None else _output_positions(input_ids, inputs_embeds, target_mapping)
     if positions is not None:
         batch_size, length, described, origin = positions
-        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note)
+        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note, argument)
 
 
 class XLNetModel(XLNetPreTrainedModel):
@@ -632,7 +661,7 @@ class XLNetModel(XLNetPreTrainedModel):
             span,
             lowest,
             lambda n: attention.project_positions(
-                self._relative_position_embeddings(lowest + n - 1, lowest, attention.r.device).to(attention.r.dtype)
+                self._relative_position_embeddings(lowest + n - 1, lowest, attention.r_r_bias.device)
             ),
         )
 
@@ -839,7 +868,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     """XLNet with the language-modeling head (tied to the input embeddings, own bias).
 
     Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
-    position m without it). Generation gives transformers' tokens: the next token comes from the query stream of the
+    position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
+    are therefore the same targets, and are taken as such (one or the other). Generation gives transformers' tokens: the next token comes from the query stream of the
     position after the input (`predict_next_token`); with memory, the last two known tokens are recomputed each step.
     """
 
@@ -849,7 +879,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def __init__(self, config: XLNetConfig):
         super().__init__(config)
         self.transformer = XLNetModel(config)
-        self.lm_loss = DecodingLinear(config.d_model, config.vocab_size, bias=True)
+        self.lm_loss = nn.Linear(config.d_model, config.vocab_size, bias=True)
         self.post_init()
 
     def get_output_embeddings(self):
@@ -879,11 +909,19 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> XLNetLMHeadModelOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if shift_labels is not None and labels is not None:
+            raise ValueError(
+                f"{type(self).__name__}: pass `labels` or `shift_labels` (for XLNet the same targets: one per output "
+                "position, unshifted by the model), not both."
+            )
+        target_name = "labels" if shift_labels is None else "shift_labels"
+        labels = labels if shift_labels is None else shift_labels
         vocab_size = self.config.vocab_size
         if isinstance(logits_to_keep, int) and logits_to_keep == 0 and not kwargs.get("predict_next_token"):
             _check_token_labels(
                 type(self).__name__, labels, input_ids, inputs_embeds, target_mapping, vocab_size, "token ids",
-                f" (vocab_size={vocab_size})",
+                f" (vocab_size={vocab_size})", target_name,
             )
         outputs = self.transformer(
             input_ids,
@@ -902,11 +940,13 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_loss(hidden)
+        logits = linear_layer(self.lm_loss, hidden)
         loss = None
         if labels is not None:
 
             def language_model_loss(flat_hidden, target, reduction):
+                if not is_plain_linear(self.lm_loss):  # (a quantized or replaced layer: the loss of its logits)
+                    return reduced_cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction)
                 # (the loss and its gradients in chunks of rows, from the logits already made: see cross_entropy.py)
                 words = SoftmaxPart(self.lm_loss.weight, self.lm_loss.bias, 0, logits.shape[-1])
                 softmax = Softmax(flat_hidden, target, (words,), logits=logits.reshape(-1, logits.shape[-1]))
@@ -1270,14 +1310,14 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         end_logits = end_logits.squeeze(-1).contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions past the end of the sequence are ignored (clamped onto an ignore index), as in transformers:
-            # the answer lies outside this window of a long context.
-            ignored = start_logits.shape[1]
-            start_positions = start_positions.reshape(-1).clamp(0, ignored)
-            end_positions = end_positions.reshape(-1).clamp(0, ignored)
-            start_loss = F.cross_entropy(start_logits, start_positions, ignore_index=ignored)
-            end_loss = F.cross_entropy(end_logits, end_positions, ignore_index=ignored)
-            loss = (start_loss + end_loss) / 2
+            # Positions past the end of the sequence are ignored, as in transformers: the answer lies outside this
+            # window of a long context (a batch of such windows has a loss of 0).
+            def span_loss(logits, positions):
+                positions = positions.reshape(-1)
+                targets = positions.where(positions < logits.shape[1], IGNORE_INDEX)
+                return _loss_sum_or_mean(reduced_cross_entropy, logits, targets, None)
+
+            loss = (span_loss(start_logits, start_positions) + span_loss(end_logits, end_positions)) / 2
         return XLNetForQuestionAnsweringSimpleOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, mems=outputs.mems,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,

@@ -69,9 +69,18 @@ def test_legacy_folder_converts_and_matches_transformers_4(name, tmp_path):
     assert ("generation_config.json" in files) == name.endswith("_lm")
 
     model_class = getattr(__import__("transformers_xl"), head)
-    # zero_initial_mems: 4.x started Transformer-XL from mem_len zero vectors (see docs/models.md, "Memory").
-    extra = {"zero_initial_mems": True} if name.startswith("transfo") else {}
-    assert_matches_legacy(model_class.from_pretrained(output, **extra), load_file(FIXTURES / name / "expected.safetensors"))
+    assert_matches_legacy(model_class.from_pretrained(output), load_file(FIXTURES / name / "expected.safetensors"))
+
+
+def test_a_converted_transfo_xl_folder_starts_from_4x_zero_memory_and_says_what_it_verified(tmp_path, capsys):
+    """4.x started Transformer-XL from mem_len zero vectors (docs/models.md, "Memory"): the converted folder does
+    too, as its config says, and the verification line says that it compared two runs of this package, not 4.x."""
+    assert convert(FIXTURES / "transfo_xl_lm", tmp_path / "out", "--from", "hf-legacy") == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["zero_initial_mems"] is True
+    line = next(line for line in capsys.readouterr().err.splitlines() if "verification" in line)
+    assert "vs the source folder run by transformers-xl, not by transformers 4.x; both start from mem_len zero" in line
+    assert "zero_initial_mems=True" in line and "max abs difference 0 " in line
+    assert "not by transformers 4.x" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_xlnet_folders_load_in_transformers_own_xlnet(tmp_path):
@@ -109,13 +118,35 @@ def test_vocab_option_replaces_the_found_vocabulary(tmp_path):
     assert transformers.GenerationConfig.from_pretrained(tmp_path / "out").eos_token_id == 21
 
 
+def test_a_missing_vocabulary_is_never_silent(tmp_path, capsys):
+    """No vocabulary beside the weights: a warning; where a tokenizer_config.json promises a tokenizer, an error
+    unless --no-tokenizer says to write none."""
+    assert convert(FIXTURES / "xlnet_classifier", tmp_path / "classifier", "--from", "hf-legacy") == 0
+    warning = "warning: the output has no tokenizer: no vocabulary beside the source (spiece.model, tokenizer.json)"
+    assert warning in capsys.readouterr().err
+
+    source = tmp_path / "source"
+    shutil.copytree(FIXTURES / "transfo_xl_lm", source)
+    (source / "vocab.pkl").unlink()
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy") == 1
+    error = capsys.readouterr().err
+    assert f"error: {source / 'tokenizer_config.json'} describes a tokenizer, but its vocabulary is missing" in error
+    assert "--no-tokenizer" in error and not (tmp_path / "out").exists()
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy", "--no-tokenizer") == 0
+    assert not any(p.name.startswith("tokenizer") for p in (tmp_path / "out").iterdir())
+    assert "--no-tokenizer" in (tmp_path / "out" / "README.md").read_text()  # (the command, as run)
+    with pytest.raises(SystemExit):  # (argparse: not allowed with)
+        convert(source, tmp_path / "other", "--from", "hf-legacy", "--no-tokenizer", "--vocab", source / "x.txt")
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_sharded_output_loads(tmp_path):
     output = tmp_path / "out"
     assert convert(FIXTURES / "transfo_xl_lm", output, "--from", "hf-legacy", "--max-shard-size", "10KB") == 0
     shards = sorted(p.name for p in output.glob("model-*.safetensors"))
     assert len(shards) > 1 and (output / "model.safetensors.index.json").is_file()
     assert not (output / "model.safetensors").exists()
-    model = TransfoXLLMHeadModel.from_pretrained(output, zero_initial_mems=True)
+    model = TransfoXLLMHeadModel.from_pretrained(output)
     assert_matches_legacy(model, load_file(FIXTURES / "transfo_xl_lm" / "expected.safetensors"))
 
 
@@ -155,7 +186,7 @@ BAD = {
     "missing tensor": (dict(change_state=drop_layer_norm), "missing transformer.layers.0.pos_ff.layer_norm.weight"),
     "unknown tensor": (dict(change_state=add_stray), "unexpected transformer.layers.0.stray"),
     "mis-shaped tensor": (dict(change_state=reshape_cluster), "crit.cluster_weight: stored [5, 16]"),
-    "truncated file": (dict(file_bytes=lambda data: data[: len(data) // 2]), "cannot read the weights"),
+    "truncated file": (dict(file_bytes=lambda data: data[: len(data) // 2]), "truncated or damaged"),
     "other model kind": (dict(change_config=lambda c: c.update(model_type="bert")), "'bert' checkpoint"),
     "unknown head": (dict(change_config=lambda c: c.update(architectures=["TransfoXLForPony"])), "TransfoXLForPony"),
     "config not fitting": (dict(change_config=lambda c: c.update(d_inner=40)), "pos_ff.CoreNet.0.weight: stored"),
@@ -199,13 +230,25 @@ def test_damaged_or_unsafe_vocabularies_are_refused_by_name(tmp_path, capsys):
     (tmp_path / "spiece.model").write_bytes((FIXTURES / "xlnet_lm" / "spiece.model").read_bytes()[:100])
     (tmp_path / "vocab.txt").write_bytes(b"\xff\xfe not utf-8")
     cases = [("transfo_xl_lm", "vocab.pkl", "references `posix.system`"), ("xlnet_lm", "spiece.model", "ModelProto"),
-             ("transfo_xl_lm", "vocab.txt", "can't decode")]  # fmt: skip
+             ("transfo_xl_lm", "vocab.txt", "is not UTF-8 text: byte 0xff at byte offset 0")]  # fmt: skip
     for name, vocab, reason in cases:
         assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--vocab", tmp_path / vocab) == 1
         error = capsys.readouterr().err
         assert f"Cannot read the vocabulary {tmp_path / vocab}" in error and reason in error, error
     assert not marker.exists() and not (tmp_path / "out").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spiece.model", "vocab.pkl", "vocab.txt"]
+
+
+def test_a_bin_whose_pickle_would_run_code_is_refused_saying_so(tmp_path, capsys):
+    source, marker = tmp_path / "source", tmp_path / "executed"
+    shutil.copytree(FIXTURES / "transfo_xl_lm", source)
+    state = torch.load(source / "pytorch_model.bin", weights_only=True)
+    torch.save({**state, "payload": RunsCode(marker)}, source / "pytorch_model.bin")
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy") == 1
+    error = capsys.readouterr().err
+    assert "refused: loading it would run code (the pickle refers to posix.system)" in error, error
+    assert "weights_only" not in error and "damaged" not in error
+    assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name, released, message", [

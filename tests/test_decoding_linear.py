@@ -1,4 +1,5 @@
-"""DecodingLinear: the same product as nn.Linear, through the faster BLAS call for few rows on CPU."""
+"""linear / linear_layer: the same product as nn.Linear, through the faster BLAS call for few rows on CPU; layers that
+are not plain nn.Linear (quantized, replaced) are called."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformers_xl.modeling import decoding_linear
-from transformers_xl.modeling.decoding_linear import MAX_ROWS, DecodingLinear, linear
+from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_layer
 
 
 def refuse_f_linear(monkeypatch):
@@ -23,20 +24,20 @@ def refuse_f_linear(monkeypatch):
 @pytest.mark.parametrize("bias", [True, False])
 def test_equals_f_linear(shape, out_features, in_features, bias, monkeypatch):
     torch.manual_seed(0)
-    layer = DecodingLinear(in_features, out_features, bias=bias)
+    layer = nn.Linear(in_features, out_features, bias=bias)
     x = torch.randn(*shape, in_features)
     expected = F.linear(x, layer.weight, layer.bias)
     rows = x.numel() // in_features
     if rows > 1 or out_features > in_features:  # the cases that take the transposed product
         refuse_f_linear(monkeypatch)
-    output = layer(x)
+    output = linear_layer(layer, x)
     assert output.shape == expected.shape and output.is_contiguous()
     torch.testing.assert_close(output, expected)
 
 
 def test_gradients_equal_f_linear():
     torch.manual_seed(0)
-    layer = DecodingLinear(16, 48)
+    layer = nn.Linear(16, 48)
     x = torch.randn(3, 16, requires_grad=True)
     linear(x, layer.weight, layer.bias).square().sum().backward()
     ours = [t.grad.clone() for t in (x, layer.weight, layer.bias)]
@@ -59,13 +60,50 @@ def test_other_cases_are_f_linear_exactly(x, weight):
     assert torch.equal(linear(x, weight), F.linear(x, weight))
 
 
-def test_is_an_nn_linear_with_the_same_state_dict():
+def test_output_features_of_a_plain_layer_read_only_their_weights(monkeypatch):
     torch.manual_seed(0)
-    plain = nn.Linear(16, 48)
-    ours = DecodingLinear(16, 48)
-    ours.load_state_dict(plain.state_dict())
-    assert isinstance(ours, nn.Linear)
-    assert list(ours.state_dict()) == list(plain.state_dict())
+    layer = nn.Linear(16, 48)
+    x = torch.randn(3, 16)
+    refuse_f_linear(monkeypatch)
+    torch.testing.assert_close(linear_layer(layer, x, slice(16, None)), (x @ layer.weight.t() + layer.bias)[:, 16:])
+
+
+class Doubled(nn.Linear):
+    """A replacement layer (as a quantization tool would put there): not a plain nn.Linear, so it must be called."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("features", [slice(None), slice(16, None)])
+def test_other_layers_are_called(features):
+    torch.manual_seed(0)
+    layer = Doubled(16, 48)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(linear_layer(layer, x, features), 2 * F.linear(x, layer.weight, layer.bias)[:, features])
+
+
+def test_a_quantized_layer_is_called():
+    torch.manual_seed(0)
+    layer = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(16, 48)), {nn.Linear})[0]
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(linear_layer(layer, x, slice(0, 8)), layer(x)[:, :8])
+
+
+def test_a_tensor_subclass_weight_is_not_read_by_mm():
+    """torchao's quantized weights are tensor subclasses that implement F.linear but not mm: `linear` leaves them to
+    F.linear."""
+
+    class Subclass(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.mm or func is torch.addmm:
+                raise AssertionError("mm called on the subclass weight")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    weight = torch.randn(48, 16).as_subclass(Subclass)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(linear(x, weight).as_subclass(torch.Tensor), x @ weight.as_subclass(torch.Tensor).t())
 
 
 # ----------------------------------------------------------------------------------------------------------------

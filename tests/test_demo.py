@@ -3,6 +3,7 @@ with and without the plugin, and gives the trained model's outputs); the data sp
 fairness of the speed comparison, and clear errors for bad options."""
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -17,15 +18,30 @@ from transformers_xl.cli import main
 from transformers_xl.training import demo
 
 
+class Recorded(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
+    """The quick run's output folder and metrics, and the warnings `MemoryTrainer` logged during it."""
     output = tmp_path_factory.mktemp("demo") / "out"
-    assert main(["demo", "--quick", "--output-dir", str(output), "--seed", "3"]) == 0
-    return output, json.loads((output / "metrics.json").read_text())
+    trainer_logger, recorded = logging.getLogger(transformers_xl.training.MemoryTrainer.__module__), Recorded()
+    trainer_logger.addHandler(recorded)
+    try:
+        assert main(["demo", "--quick", "--output-dir", str(output), "--seed", "3"]) == 0
+    finally:
+        trainer_logger.removeHandler(recorded)
+    return output, json.loads((output / "metrics.json").read_text()), recorded.messages
 
 
 def test_quick_run_writes_finite_metrics_and_its_settings(quick_run):
-    _, metrics = quick_run
+    _, metrics, _ = quick_run
     for key in ("bpc_with_memory", "bpc_without_memory", "eval_speedup", "eval_seconds_per_char_memory",
                 "eval_seconds_per_char_window", "speed_bpc_memory", "speed_bpc_window", "final_training_bpc",
                 "train_time_s", "wall_time_s"):  # fmt: skip
@@ -43,10 +59,26 @@ def test_quick_run_writes_finite_metrics_and_its_settings(quick_run):
     assert metrics["sample"].startswith(demo.SAMPLE_PROMPT) and len(metrics["sample"]) > len(demo.SAMPLE_PROMPT)
 
 
+def test_the_evaluation_without_memory_does_not_warn_that_there_is_no_memory(quick_run):
+    """MemoryTrainer warns when a model returns no memory to carry; the demo's mem_len 0 evaluation asks for that."""
+    _, _, warnings = quick_run
+    assert not [message for message in warnings if "no `mems`" in message]
+    assert logging.getLogger(transformers_xl.training.MemoryTrainer.__module__).level == logging.NOTSET  # restored
+
+
+def test_the_speed_panel_shows_both_sides_bits_per_character(quick_run, tmp_path):
+    _, metrics, _ = quick_run
+    figure = demo.plot(metrics, tmp_path / "plot.png")
+    speed_panel = figure.axes[2]
+    labels = [text.get_text() for text in speed_panel.texts]
+    assert labels == [f"{1000 * metrics['eval_seconds_per_char_memory']:.2f} ms\n{metrics['speed_bpc_memory']:.3f} bpc",
+                      f"{1000 * metrics['eval_seconds_per_char_window']:.2f} ms\n{metrics['speed_bpc_window']:.3f} bpc"]
+
+
 def test_quick_run_writes_a_png_plot(quick_run):
     import matplotlib.image
 
-    output, _ = quick_run
+    output, _, _ = quick_run
     path = output / "demo.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = matplotlib.image.imread(path).shape
@@ -56,7 +88,7 @@ def test_quick_run_writes_a_png_plot(quick_run):
 def test_the_model_folder_reloads_with_the_auto_classes_and_gives_the_trained_models_outputs(quick_run):
     """The same sampled text as the run printed (same seed): the reloaded weights and tokenizer are the trained ones;
     and the held-out bits per character with memory, recomputed from the folder, are the run's."""
-    output, metrics = quick_run
+    output, metrics, _ = quick_run
     model = AutoModelForCausalLM.from_pretrained(output / "model")
     tokenizer = AutoTokenizer.from_pretrained(output / "model")
     assert type(model).__name__ == "TransfoXLLMHeadModel" and model.config.mem_len == metrics["settings"]["mem_len"]
@@ -70,9 +102,11 @@ def test_the_model_folder_reloads_with_the_auto_classes_and_gives_the_trained_mo
     with torch.no_grad():
         stream = transformers_xl.training.TextStream(ids, settings["batch_size"], settings["segment_len"])
         for segment in range(stream.num_segments):
-            batch = torch.stack([stream[segment * stream.num_rows + row]["input_ids"] for row in range(stream.num_rows)])
-            out = model(input_ids=batch, labels=batch, mems=mems)
-            total, count, mems = total + out.losses.sum().item(), count + out.losses.numel(), out.mems
+            items = [stream[segment * stream.num_rows + row] for row in range(stream.num_rows)]
+            batch, targets = (torch.stack([item[key] for item in items]) for key in ("input_ids", "shift_labels"))
+            out = model(input_ids=batch, mems=mems)  # (the log-probabilities: each position predicts its target)
+            total -= out.logits.gather(2, targets[..., None]).sum().item()
+            count, mems = count + targets.numel(), out.mems
     assert total / count / math.log(2) == pytest.approx(metrics["bpc_with_memory"], rel=1e-5)
 
 
@@ -91,7 +125,7 @@ assert sys.modules["transformers_xl"] is None and not any(name.startswith("trans
 
 
 def test_the_model_folder_loads_with_trust_remote_code_without_the_plugin(quick_run, tmp_path):
-    output, _ = quick_run
+    output, _, _ = quick_run
     text = "def f(x):\n\treturn x  # ok\n"
     tokenizer = AutoTokenizer.from_pretrained(output / "model")
     model = AutoModelForCausalLM.from_pretrained(output / "model").eval()
@@ -166,7 +200,6 @@ def test_bad_options_are_refused_by_the_parser(options, message, capsys):
     "options, message",
     [
         (["--d-model", "30", "--n-head", "4"], "--n-head 4 must divide --d-model 30"),
-        (["--segment-len", "1"], "--segment-len must be at least 2"),
         (["--eval-chars", "7"], "--eval-chars 7 cannot fill --batch-size 4 rows"),
         (["--output-dir", "README.md"], "--output-dir README.md is a file; expected a folder"),
     ],

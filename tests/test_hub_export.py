@@ -2,6 +2,7 @@
 model card, and pushing (against a local endpoint that records the requests)."""
 
 import base64
+import errno
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
+import safetensors
 import torch
 import transformers
 from safetensors.torch import save_file
@@ -25,6 +27,7 @@ from transformers_xl import TransfoXLConfig, XLNetConfig
 from transformers_xl.cli import main
 from transformers_xl.conversion import cli as convert_command
 from transformers_xl.conversion import hub_export
+from transformers_xl.conversion.publish import MARKER
 from transformers_xl.conversion.remote_code import OWN_AUTO_CLASS
 
 LEGACY = Path(__file__).parent / "fixtures" / "hf_legacy"
@@ -133,16 +136,40 @@ def convert(source, output, *extra):
     return main(["convert", str(source), str(output), "--from", "hf-legacy", *map(str, extra)])
 
 
-def test_existing_output_needs_force_and_is_then_replaced_whole(tmp_path, capsys):
+def test_existing_output_needs_force_which_replaces_only_a_converted_folder(tmp_path, capsys):
     output = tmp_path / "out"
     output.mkdir()
-    (output / "stale.txt").write_text("old")
+    (output / "notes.txt").write_text("data")
     assert convert(LEGACY / "xlnet_lm", output) == 1
     assert "exists; pass --force" in capsys.readouterr().err
-    assert {p.name for p in output.iterdir()} == {"stale.txt"}
+    assert convert(LEGACY / "xlnet_lm", output, "--force") == 1
+    assert "is not a folder written by transformers-xl" in capsys.readouterr().err
+    assert {p.name for p in output.iterdir()} == {"notes.txt"}
+    output = tmp_path / "converted"
+    assert convert(LEGACY / "xlnet_lm", output) == 0
+    (output / "stale.txt").write_text("old")
     assert convert(LEGACY / "xlnet_lm", output, "--force") == 0
+    assert f"replaced {output} (a folder written by transformers-xl)" in capsys.readouterr().err
     assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
-    assert {p.name for p in tmp_path.iterdir()} == {"out"}  # nothing left beside it
+    assert {p.name for p in tmp_path.iterdir()} == {"out", "converted"}  # nothing left beside them
+
+
+def test_output_that_appears_during_the_conversion_is_kept(tmp_path, monkeypatch, capsys):
+    """Another command (here a whole conversion to the same OUTPUT) creates OUTPUT while this one writes: this one
+    fails and keeps it; the first to finish wins."""
+    output, save_tokenizer = tmp_path / "out", hub_export.save_tokenizer
+
+    def meanwhile(tokenizer, model_type, folder):
+        monkeypatch.setattr(hub_export, "save_tokenizer", save_tokenizer)
+        assert convert(LEGACY / "xlnet_lm", output) == 0
+        (output / "notes.txt").write_text("data")
+        save_tokenizer(tokenizer, model_type, folder)
+
+    monkeypatch.setattr(hub_export, "save_tokenizer", meanwhile)
+    assert convert(LEGACY / "xlnet_lm", output) == 1
+    assert f"error: {output} appeared while this run was writing; it is left as it is" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "data" and (output / "model.safetensors").is_file()
+    assert {p.name for p in tmp_path.iterdir()} == {"out"}
 
 
 def test_options_that_do_not_go_together_exit_with_status_2(tmp_path, capsys):
@@ -162,6 +189,77 @@ def test_an_existing_output_is_refused_before_the_source_is_read(tmp_path, monke
     monkeypatch.setattr(convert_command, "read_source", lambda args: pytest.fail("the source was read"))
     assert convert(LEGACY / "xlnet_lm", tmp_path / "out") == 1
     assert "exists; pass --force" in capsys.readouterr().err
+
+
+def test_an_unwritable_output_place_is_refused_before_the_source_is_read(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("data")
+    monkeypatch.setattr(convert_command, "read_source", lambda args: pytest.fail("the source was read"))
+    assert convert(LEGACY / "xlnet_lm", tmp_path / "file" / "out") == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"transformers-xl convert: error: cannot write in {tmp_path / 'file'}: ") and (
+        error.count("\n") == 1
+    ), error
+
+
+def full_disk_for_the_tokenizer(monkeypatch):
+    """tokenizers writes tokenizer.json into /dev/full: a real "No space left on device" from its Rust writer."""
+    save_tokenizer = hub_export.save_tokenizer
+
+    def save(tokenizer, model_type, folder):
+        (folder / "tokenizer.json").symlink_to("/dev/full")
+        save_tokenizer(tokenizer, model_type, folder)
+
+    monkeypatch.setattr(hub_export, "save_tokenizer", save)
+
+
+def read_only_disk_for_the_weights(monkeypatch):
+    def save_file(tensors, filename, metadata=None):
+        raise safetensors.SafetensorError(
+            f"Error while serializing: I/O error: Read-only file system (os error 30) at path {filename}"
+        )
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", save_file)
+
+
+def full_disk_for_the_model_card(monkeypatch):
+    def save(card, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(huggingface_hub.ModelCard, "save", save)
+
+
+@pytest.mark.parametrize("failure, cause", [
+    (full_disk_for_the_tokenizer, "No space left on device"),
+    (read_only_disk_for_the_weights, "Read-only file system"),
+    (full_disk_for_the_model_card, "No space left on device"),
+])  # fmt: skip
+def test_a_full_or_read_only_disk_gives_one_line_and_leaves_nothing(failure, cause, tmp_path, monkeypatch, capsys):
+    failure(monkeypatch)
+    assert convert(LEGACY / "transfo_xl_lm", tmp_path / "out") == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    written = rf"{tmp_path}/\.out\.\S+\.partial\S*"
+    expected = rf"transformers-xl convert: error: cannot write {tmp_path}/out: {cause} \(writing {written}\)"
+    assert re.fullmatch(expected, last), last
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_partial_folder_of_a_killed_conversion_is_removed_by_the_next_one(tmp_path, capsys):
+    """kill -9 while the folder is written: the next conversion to the same OUTPUT removes what it left, says so."""
+    output = tmp_path / "out"
+    command = [sys.executable, "-m", "transformers_xl", "convert", str(LEGACY / "xlnet_lm"), str(output)]
+    run = subprocess.Popen([*command, "--from", "hf-legacy"], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in run.stderr:
+            if "convert: writing " in line:
+                break
+    finally:
+        run.kill()
+        run.wait()
+    left = [path.name for path in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".out.") and left[0].endswith(".partial"), left
+    assert convert(LEGACY / "xlnet_lm", output) == 0
+    assert f"removed {tmp_path / left[0]}, left by process {run.pid}, which no longer runs" in capsys.readouterr().err
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]
 
 
 def test_the_folder_gets_the_permissions_the_umask_gives(tmp_path):
@@ -300,7 +398,7 @@ def test_push_uploads_the_folder_in_one_commit(tmp_path, hub):
     assert len(commits) == 1 and "/commit/v1" in [p for _, p, b in hub if b is commits[0]][0]
     lines = [json.loads(line) for line in commits[0].decode().splitlines()]
     pushed = {line["value"]["path"] for line in lines if line["key"] == "file"}
-    assert pushed == {p.name for p in (tmp_path / "out").iterdir()}
+    assert pushed == {p.name for p in (tmp_path / "out").iterdir()} - {MARKER}  # (a local mark of our folders)
     assert {"model.safetensors", "config.json", "modeling_xlnet.py", "README.md", "tokenizer.json"} <= pushed
 
 

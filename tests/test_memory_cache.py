@@ -108,3 +108,25 @@ def test_a_memory_made_under_inference_mode_continues_under_no_grad():
     with torch.no_grad():
         model(torch.randint(1, 50, (1, 1)), cache=cache)
     assert cache.get_seq_length() == 13 and cache.layers[0].keys.shape[2] == 13
+
+
+def test_a_memory_made_under_inference_mode_trains_like_one_made_under_no_grad():
+    # Inference tensors cannot be saved for backward: the memory must be copied where it enters a training forward.
+    # Short segments (a few rows) take decoding_linear's path, which saves its input for the weight's gradient.
+    ids = torch.randint(1, 50, (1, 3), generator=torch.Generator().manual_seed(0))
+    for model, mem_kwargs in ((tiny_transfo_xl(), {}), (tiny_xlnet(mem_len=8), {"use_mems": True})):
+        memories = {}
+        for name, mode in (("inference", torch.inference_mode), ("no_grad", torch.no_grad)):
+            with mode():
+                mems = model(ids, **mem_kwargs).mems
+                memories[name] = (mems, MemoryCache.from_mems(mems, 5))
+        assert memories["inference"][0][0].is_inference()
+        gradients = {}
+        for name, (mems, cache) in memories.items():
+            for memory in ({"mems": mems}, {"cache": cache}):
+                model.zero_grad()
+                model(ids, labels=ids, **memory, **mem_kwargs).loss.backward()
+                gradients[name, *memory] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        for memory in ("mems", "cache"):
+            for a, b in zip(gradients["inference", memory], gradients["no_grad", memory], strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, processors
 from tokenizers.models import WordLevel
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-from .legacy_vocab import build_vocab, read_legacy_vocab, split_symbols, unknown_symbol
+from .legacy_vocab import build_vocab, read_legacy_vocab, split_symbols, text_lines, unknown_symbol
 from .moses_pipeline import moses_decoder, moses_normalizer, moses_pre_tokenizer
 
 VOCAB_FILES_NAMES = {
@@ -39,7 +39,8 @@ class TransfoXLTokenizer(TokenizersBackend):
         add_double_eos (`bool`, defaults to `False`): wrap every sequence in `<S>` ... `<S>` (lm1b style).
         never_split (`list[str]`, *optional*): `<word>` tokens kept whole in any letter case (the special tokens by
             default); the special tokens themselves are never split in their exact spelling.
-        unk_token, eos_token, additional_special_tokens: as the legacy tokenizer (`<unk>`, `<eos>`, `["<formula>"]`).
+        unk_token, eos_token, additional_special_tokens: by default the legacy tokenizer's (`<unk>` or `<UNK>`, `<eos>`,
+            `["<formula>"]`), those the vocabulary has (see `_default_special_tokens`).
         delimiter, language: accepted for legacy configs; only `None` and `"en"` are supported.
     """
 
@@ -57,8 +58,8 @@ class TransfoXLTokenizer(TokenizersBackend):
         add_eos: bool = False,
         add_double_eos: bool = False,
         never_split: list[str] | None = None,
-        unk_token: str = "<unk>",
-        eos_token: str = "<eos>",
+        unk_token: str | None = None,
+        eos_token: str | None = None,
         additional_special_tokens: list[str] | None = None,
         delimiter: str | None = None,
         language: str = "en",
@@ -68,18 +69,21 @@ class TransfoXLTokenizer(TokenizersBackend):
             raise ValueError("TransfoXLTokenizer: character-level vocabularies (`delimiter=''`) are not supported.")
         if language != "en":
             raise ValueError(f"TransfoXLTokenizer: only the English Moses rules exist here, not {language!r}.")
-        if additional_special_tokens is None and "extra_special_tokens" not in kwargs:
-            additional_special_tokens = ["<formula>"]
         self._add_eos, self._add_double_eos = add_eos, add_double_eos
         kwargs.pop("clean_up_tokenization_spaces", None)  # legacy configs say True: the decoder does the clean-up
+        if tokenizer_file is None and vocab is None:
+            legacy_file = pretrained_vocab_file or pretrained_vocab_file_torch or vocab_file
+            if legacy_file is None:
+                raise ValueError("TransfoXLTokenizer needs a `vocab`, a `tokenizer_file` or a legacy vocab file.")
+            vocab = read_legacy_vocab(legacy_file)
+        from_4x = tokenizer_file or pretrained_vocab_file or pretrained_vocab_file_torch
+        unk_token, eos_token, additional_special_tokens = _default_special_tokens(
+            None if from_4x else vocab, unk_token, eos_token, additional_special_tokens, add_eos, kwargs
+        )
         if tokenizer_file is None:
-            if vocab is None:
-                legacy_file = pretrained_vocab_file or pretrained_vocab_file_torch or vocab_file
-                if legacy_file is None:
-                    raise ValueError("TransfoXLTokenizer needs a `vocab`, a `tokenizer_file` or a legacy vocab file.")
-                vocab = read_legacy_vocab(legacy_file)
             specials = [unk_token, eos_token, *(additional_special_tokens or kwargs.get("extra_special_tokens", []))]
-            self._tokenizer = self._build_pipeline(vocab, lower_case, [str(t) for t in never_split or specials])
+            protected = [str(t) for t in never_split or specials if t is not None]
+            self._tokenizer = self._build_pipeline(vocab, lower_case, protected)
         super().__init__(
             tokenizer_file=tokenizer_file,
             lower_case=lower_case,
@@ -132,7 +136,7 @@ class TransfoXLTokenizer(TokenizersBackend):
         is `from_corpus(wiki.train.tokens, special=["<eos>"], tokenized=True)` (its `<unk>` comes from the text).
         """
         paths = [paths] if isinstance(paths, (str, PathLike)) else paths
-        lines = (line for path in paths for line in _lines(path))
+        lines = (line for path in paths for line in text_lines(path))
         if tokenized:
             symbol_lines = (split_symbols(line, lower_case, add_eos) for line in lines)
         else:
@@ -141,6 +145,18 @@ class TransfoXLTokenizer(TokenizersBackend):
             symbol_lines = (pipeline_words(splitter, line, add_eos) for line in lines)
         vocab = build_vocab(symbol_lines, special, min_freq, max_size)
         return cls(vocab=vocab, lower_case=lower_case, add_eos=add_eos, **kwargs)
+
+    def _encode_plus(self, text, text_pair=None, *args, **kwargs):
+        """transformers' encoding; a `str` that is not valid Unicode (a lone surrogate, as `errors="surrogateescape"`
+        leaves for an undecodable byte) is a ValueError saying where, instead of the `tokenizers` library's TypeError
+        about input types. Looked for only once that error came: valid text pays nothing."""
+        try:
+            return super()._encode_plus(text, text_pair, *args, **kwargs)
+        except TypeError:
+            problem = _invalid_unicode(text, "text") or _invalid_unicode(text_pair, "text_pair")
+            if problem is None:
+                raise
+            raise ValueError(f"{type(self).__name__}: {problem}") from None
 
     @property
     def lower_case(self) -> bool:
@@ -193,15 +209,49 @@ class TransfoXLTokenizer(TokenizersBackend):
         )
 
 
+def _default_special_tokens(symbols, unk_token, eos_token, additional_special_tokens, add_eos, kwargs):
+    """The legacy tokenizer's special tokens (`<unk>`, `<eos>`, `["<formula>"]`) for those not given. For 4.x files
+    (`symbols` None) all of them, as 4.x added them, a missing `<formula>` after the vocabulary (so ids stay those
+    4.x gave); for an original-code vocab.txt or a given vocabulary, only those it has (lm1b's has `<UNK>` and no
+    `<eos>` or `<formula>`), so no id is added after its own symbols."""
+    def has(token):
+        return symbols is None or token in symbols
+
+    if unk_token is None:
+        unk_token = "<unk>" if symbols is None else unknown_symbol(symbols)
+    if eos_token is None and (has("<eos>") or add_eos):
+        eos_token = "<eos>"
+    if additional_special_tokens is None and "extra_special_tokens" not in kwargs:
+        additional_special_tokens = ["<formula>"] if has("<formula>") else []
+    return unk_token, eos_token, additional_special_tokens
+
+
 def pipeline_words(tokenizer: Tokenizer, line: str, add_eos: bool = False) -> list[str]:
     """The words `tokenizer`'s normaliser and pre-tokeniser make of `line` (then `<eos>` with `add_eos`)."""
     words = [word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(line))]
     return [*words, "<eos>"] if add_eos else words
 
 
-def _lines(path):
-    with open(path, encoding="utf-8") as lines:
-        yield from lines
+def _invalid_unicode(value, name: str) -> str | None:
+    """What is wrong with the first string in `value` (a string or nested lists / tuples of them) that cannot be
+    encoded as UTF-8, or None."""
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (_invalid_unicode(item, f"{name}[{i}]") for i, item in enumerate(value))), None)
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        character = ord(value[error.start])
+        escaped = ""
+        if 0xDC80 <= character <= 0xDCFF:  # what errors="surrogateescape" makes of an undecodable byte
+            escaped = f" (the byte 0x{character - 0xDC00:02x} escaped by errors='surrogateescape')"
+        return (
+            f"{name} is not valid Unicode: it holds the lone surrogate U+{character:04X}{escaped} at index "
+            f"{error.start} ({value[max(0, error.start - 10) : error.start]!r} precedes it). Decode the bytes with "
+            "their real encoding, or with errors='replace'."
+        )
+    return None
 
 
 __all__ = ["TransfoXLTokenizer"]

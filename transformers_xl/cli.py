@@ -11,9 +11,11 @@ import sys
 def _subcommands():
     """Imported on use, so `transformers-xl --help` stays quick and each job imports only what it needs."""
     from .conversion import cli as convert
-    from .training import demo
+    from .conversion import push
+    from .deployment import cli as export
+    from .training import demo, evaluate, train
 
-    return {"convert": convert, "demo": demo}
+    return {"convert": convert, "push": push, "export": export, "demo": demo, "evaluate": evaluate, "train": train}
 
 
 def main(argv=None) -> int:

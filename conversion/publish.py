@@ -1,0 +1,231 @@
+"""Publishing a folder at OUTPUT without ever deleting what this program did not create.
+
+A command that writes a folder (`convert`, `export`) works in a staging folder beside OUTPUT (same filesystem) and
+publishes it at the end with one rename:
+
+- without `force`, the rename cannot replace anything: if OUTPUT appeared meanwhile (another run, a user), it is
+  kept as it is and the command fails (`OutputExists`). Two runs to one OUTPUT: the first to finish wins.
+- with `force`, only a folder this program published (config.json, weights and our marker file) is replaced; it is
+  moved aside, the new folder put in its place, then the old one deleted. Anything else at OUTPUT is refused.
+
+The staging folder's name records its owner, `.OUTPUT.<host>-<pid>-<start time>.<random>.partial`, so a run that
+was killed (kill -9, a crash, a power cut) leaves a folder that a later run recognises: the process no longer exists
+(or the pid now belongs to a process started later), so the later run removes it and says so.
+"""
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+MARKER = ".transformers-xl.json"
+"""Left in every published folder: what recognises a folder `force` may replace (not uploaded to the Hub)."""
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model.onnx")  # (model.onnx: `export`)
+STAGING, REPLACED = ".partial", ".replaced"
+
+
+class OutputError(Exception):
+    """OUTPUT cannot be written, or is there and may not be replaced: the message says which path and why."""
+
+
+class OutputExists(OutputError, FileExistsError):
+    pass
+
+
+def _say(message: str):
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- who owns a staging folder ----------------------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid, names a process
+    even after its pid is reused. "0" where there is no /proc (then the pid alone is used)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat.rpartition(")")[2].split()[19]
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())
+
+
+def _owner() -> str:
+    return f"{_host()}-{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def _is_running(owner: str) -> bool:
+    """Whether the process named by `owner` may still run (True for another host's: it cannot be checked here)."""
+    host, pid, started = owner.rsplit("-", 2)
+    if host != _host():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (someone else's process: it exists)
+        pass
+    return started == "0" or _start_time(int(pid)) in (started, "0")
+
+
+def remove_stale(output: Path, say: Callable[[str], None] = _say):
+    """Remove the staging folders of runs to `output` that were killed; put back a folder `force` had moved aside
+    when the run was killed before the new one was in place."""
+    pattern = re.compile(re.escape(f".{output.name}.") + r"(\w+-\d+-\d+)\.\w+(\.partial|\.replaced)", re.ASCII)
+    for path in sorted(output.parent.glob(f".{output.name}.*")):
+        found = pattern.fullmatch(path.name)
+        if found is None or _is_running(found.group(1)):
+            continue
+        pid = found.group(1).rsplit("-", 2)[1]
+        if found.group(2) == REPLACED and not os.path.lexists(output):
+            with contextlib.suppress(OSError):  # (another run may have put it back first)
+                rename_no_replace(path, output)
+                say(f"put back {output}, which process {pid} (no longer running) had moved aside to replace it")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            say(f"removed {path}, left by process {pid}, which no longer runs")
+
+
+# --- the renames ------------------------------------------------------------------------------------------------
+
+_AT_FDCWD, _RENAME_NOREPLACE = -100, 1
+
+
+def _renameat2():
+    """glibc's renameat2 (Linux 3.15+, glibc 2.28+), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return function
+
+
+def rename_no_replace(source: Path, target: Path):
+    """Rename `source` to `target` atomically if nothing is at `target`, else raise FileExistsError.
+
+    On Linux this is `renameat2(RENAME_NOREPLACE)`: the kernel checks and renames in one step. On Windows
+    `os.rename` never replaces. Elsewhere (or on a filesystem without RENAME_NOREPLACE) `mkdir(target)` claims the
+    name, which fails if anything is there, and the rename then replaces only that empty folder of ours (a rename
+    onto a non-empty folder fails, so something put into it meanwhile is kept too)."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS):  # (those: the filesystem or kernel lacks the flag)
+            raise OSError(code, os.strerror(code), str(source), None, str(target))
+    if os.name == "nt":
+        os.rename(source, target)
+        return
+    os.mkdir(target)
+    try:
+        os.rename(source, target)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.rmdir(target)  # (fails, keeping it, if something was put into it meanwhile)
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(error.errno, os.strerror(error.errno), str(target)) from None
+        raise
+
+
+# --- the folder -------------------------------------------------------------------------------------------------
+
+
+def is_published(folder: Path) -> bool:
+    """A folder published here: our marker, a config.json and model weights (not a link to such a folder)."""
+    return not folder.is_symlink() and (folder / MARKER).is_file() and (folder / "config.json").is_file() and any(
+        (folder / name).is_file() for name in WEIGHTS
+    )
+
+
+def check_output(output: Path, force: bool, say: Callable[[str], None] = _say):
+    """Before any work: OUTPUT may be written (absent, or with `force` a folder we published), and a folder can be
+    created beside it. First removes the staging folders of killed runs (and puts back what they had moved aside)."""
+    remove_stale(output, say)
+    if os.path.lexists(output):
+        if not force:
+            raise OutputExists(f"{output} exists; pass --force to replace it.")
+        if not is_published(output):
+            raise OutputError(
+                f"{output} exists and is not a folder written by transformers-xl (no {MARKER}, config.json and "
+                "model weights in it); --force replaces only such a folder. Remove it yourself or pick another OUTPUT."
+            )
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{output.name}.{_owner()}.", suffix=STAGING, dir=output.parent))
+    except OSError as error:
+        raise OutputError(f"cannot write in {output.parent}: {error.strerror or error}") from error
+
+
+class StagingFolder:
+    """`with StagingFolder(output, force) as staging:` write into `staging.path`, then `staging.publish()`; on any
+    exception (or without a publish) the staging folder is removed."""
+
+    def __init__(self, output, force: bool = False, marker: dict | None = None, say: Callable[[str], None] = _say):
+        self.output, self.force, self.say = Path(output).absolute(), force, say
+        self.marker = {"written_by": "transformers-xl", **(marker or {})}
+        self.path: Path | None = None
+
+    def __enter__(self) -> "StagingFolder":
+        check_output(self.output, self.force, self.say)
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.{_owner()}.", suffix=STAGING,
+                                          dir=self.output.parent))  # fmt: skip
+        return self
+
+    def __exit__(self, *exception):
+        if self.path is not None and self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def publish(self):
+        """Move the staging folder to OUTPUT (see the module docstring); OutputExists if OUTPUT appeared."""
+        (self.path / MARKER).write_text(json.dumps(self.marker, indent=2) + "\n", encoding="utf-8")
+        _umask_permissions(self.path)
+        if self.force and os.path.lexists(self.output):
+            self._replace()
+            return
+        try:
+            rename_no_replace(self.path, self.output)
+        except FileExistsError:
+            raise OutputExists(
+                f"{self.output} appeared while this run was writing; it is left as it is and the new folder was not "
+                "kept (run again with another OUTPUT, or with --force to replace a folder written by transformers-xl)."
+            ) from None
+
+    def _replace(self):
+        aside = self.path.with_name(self.path.name[: -len(STAGING)] + REPLACED)
+        os.rename(self.output, aside)
+        if not is_published(aside):  # (it changed since check_output)
+            rename_no_replace(aside, self.output)
+            raise OutputError(f"{self.output} is no longer a folder written by transformers-xl; it is not replaced.")
+        try:
+            rename_no_replace(self.path, self.output)
+        except FileExistsError:
+            raise OutputExists(
+                f"{self.output} appeared while replacing it; it is left as it is, the previous folder is at {aside}."
+            ) from None
+        shutil.rmtree(aside, ignore_errors=True)
+        self.say(f"replaced {self.output} (a folder written by transformers-xl)")
+
+
+def _umask_permissions(folder: Path):
+    """The permissions the umask gives (mkdtemp makes the folder private, and safetensors writes its files private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for root, folders, files in os.walk(folder):
+        for name in folders:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
