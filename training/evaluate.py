@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..modeling.memory_cache import MemoryCache
+from .arguments import non_negative_int, positive_int
 from .corpus import LINE_ENDS, CorpusError, encode_file
 
 
@@ -37,32 +38,12 @@ class EvaluationError(ValueError):
     """Input that cannot be evaluated (the model, the options or a text file), said in one line."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser):
     parser.add_argument("model", help="a model folder (converted, transformers 4.x or our own) or a Hub id")
     parser.add_argument("text_files", nargs="+", metavar="TEXT_FILE", help="text to evaluate; each file apart")
-    parser.add_argument("--batch-size", type=_positive, default=10, help="rows read side by side (default: 10)")
-    parser.add_argument("--tgt-len", type=_positive, help="tokens per segment (default: the config's tgt_len)")
-    parser.add_argument("--mem-len", type=_non_negative, help="memory length (default: the config's mem_len)")
+    parser.add_argument("--batch-size", type=positive_int, default=10, help="rows read side by side (default: 10)")
+    parser.add_argument("--tgt-len", type=positive_int, help="tokens per segment (default: the config's tgt_len)")
+    parser.add_argument("--mem-len", type=non_negative_int, help="memory length (default: the config's mem_len)")
     parser.add_argument(
         "--clamp-len", type=int, help="relative distances beyond it use its encoding; <= 0: none (default: config)"
     )
@@ -208,8 +189,8 @@ def evaluate_stream(model, ids, batch_size: int, tgt_len: int, mem_len: int, cla
     cache = MemoryCache(model.config.n_layer, mem_len)
     total_loss, total_len = 0.0, 0
     start = time.perf_counter()
-    with torch.inference_mode(), autocast, config_settings(
-        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length
+    with torch.inference_mode(), autocast, config_settings(  # (the memory starts empty, as in eval.py)
+        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, zero_initial_mems=False
     ):
         for i in tqdm(range(0, n_step - 1, tgt_len), desc="evaluating", unit="segment", disable=not progress,
                       dynamic_ncols=True):  # fmt: skip

@@ -5,7 +5,7 @@
                           [--tgt-len L] [--mem-len M] [--eval-tgt-len L] [--learning-rate LR] [--warmup-steps N]
                           [--cutoffs A,B,C | none] [--min-freq N] [--max-size N] [--varlen] [--bf16]
                           [--save-steps N] [--eval-steps N] [--logging-steps N] [--report-to ...] [--seed N]
-                          [--resume | --overwrite]
+                          [--threads N] [--resume | --overwrite]
 
 The files are read as the original corpus readers read them (training/corpus.py: already tokenised text, one
 sentence or paragraph per line, `<eos>` per line for the word recipes; space-separated characters for enwik8 /
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .arguments import non_negative_int, positive_float, positive_int
 from .corpus import CorpusError, check_readable, count_vocabulary, encode_file
 from .evaluate import config_settings, evaluate_stream
 from .memory_trainer import MemoryTrainer
@@ -44,36 +45,6 @@ CORPUS_FOLDER = "corpus"
 
 class TrainingError(ValueError):
     """Options, files or folders that cannot be used, said in one line."""
-
-
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def _cutoffs(text):
@@ -95,31 +66,38 @@ def add_arguments(parser):
     parser.add_argument("--test-file", help="test text, evaluated at the end")
     parser.add_argument("--output-dir", required=True, help="where the checkpoints, the corpus cache and the model go")
     parser.add_argument("--vocab", help="a vocabulary file (one symbol per line, first column) instead of counting")
-    parser.add_argument("--scale", type=_positive_float, default=1.0,
+    parser.add_argument("--scale", type=positive_float, default=1.0,
                         help="shrink the model (layers, heads, width) and the batch by this factor (default: 1)")
-    parser.add_argument("--max-steps", type=_positive, help="optimizer steps (default: the recipe's)")
-    parser.add_argument("--batch-size", type=_positive, help="global batch: rows of text (default: the recipe's)")
-    parser.add_argument("--tgt-len", type=_positive, help="segment length = memory length in training")
-    parser.add_argument("--mem-len", type=_non_negative, help="memory length in training (default: --tgt-len)")
-    parser.add_argument("--eval-tgt-len", type=_positive, help="segment length of the evaluations during training")
-    parser.add_argument("--learning-rate", type=_positive_float, help="peak learning rate (default: 2.5e-4)")
-    parser.add_argument("--warmup-steps", type=_non_negative, help="linear warm-up steps (default: the recipe's)")
+    parser.add_argument("--max-steps", type=positive_int, help="optimizer steps (default: the recipe's)")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch: rows of text (default: the recipe's)")
+    parser.add_argument("--tgt-len", type=positive_int, help="segment length = memory length in training")
+    parser.add_argument("--mem-len", type=non_negative_int, help="memory length in training (default: --tgt-len)")
+    parser.add_argument("--eval-tgt-len", type=positive_int, help="segment length of the evaluations during training")
+    parser.add_argument("--learning-rate", type=positive_float, help="peak learning rate (default: 2.5e-4)")
+    parser.add_argument("--warmup-steps", type=non_negative_int, help="linear warm-up steps (default: the recipe's)")
     parser.add_argument("--cutoffs", type=_cutoffs, help="adaptive softmax cutoffs, e.g. 1000,5000, or none")
-    parser.add_argument("--min-freq", type=_non_negative, default=0, help="drop words seen fewer times (default: 0)")
-    parser.add_argument("--max-size", type=_positive, help="keep at most this many counted words")
+    parser.add_argument("--min-freq", type=non_negative_int, default=0, help="drop words seen fewer times (default: 0)")
+    parser.add_argument("--max-size", type=positive_int, help="keep at most this many counted words")
     parser.add_argument("--varlen", action="store_true", help="segment lengths drawn like the original --varlen")
     parser.add_argument("--bf16", action="store_true", help="train and evaluate under bfloat16 autocast")
-    parser.add_argument("--save-steps", type=_positive, default=1000, help="checkpoint every N steps (default: 1000)")
-    parser.add_argument("--eval-steps", type=_positive, help="evaluate on the validation file every N steps")
-    parser.add_argument("--logging-steps", type=_positive, default=50, help="log every N steps (default: 50)")
+    parser.add_argument("--save-steps", type=positive_int, default=1000, help="checkpoint every N steps (default: 1000)")
+    parser.add_argument("--eval-steps", type=positive_int, help="evaluate on the validation file every N steps")
+    parser.add_argument("--logging-steps", type=positive_int, default=50, help="log every N steps (default: 50)")
     parser.add_argument("--report-to", nargs="+", default=["none"], help="Trainer's loggers: tensorboard, wandb, ...")
     parser.add_argument("--seed", type=int, default=1111, help="seed (default: train.py's 1111)")
+    parser.add_argument(
+        "--threads", type=positive_int,
+        help="CPU threads for torch (default: torch's choice); on a machine busy with other work, 1 avoids threads "
+        "spinning while they wait for a core",
+    )  # fmt: skip
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     existing.add_argument("--overwrite", action="store_true", help="start again in an existing --output-dir")
 
 
 def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         plan = prepare(args)
         results = train(plan)
