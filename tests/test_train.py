@@ -152,6 +152,7 @@ def test_scale_shrinks_depth_width_and_batch():
 def test_bad_input_gets_one_clear_line(tmp_path, capsys):
     train_file, valid_file = write_corpus(tmp_path)
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "vocab.txt").write_text("<eos>\nw1 12\nw2 7\n")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "model.safetensors").write_text("")
     base = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file]
@@ -163,6 +164,9 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
         (["--recipe", "wt103", *base[2:], "--output-dir", tmp_path / "o4"],
          "adaptive softmax cutoffs [20000, 40000, 200000] need a vocabulary of more than 200000 symbols, but this "
          "corpus gives 62; pass --cutoffs 5,9,46 (in proportion) or --cutoffs none"),
+        ([*base, "--output-dir", tmp_path / "o6", "--batch-size", "5000"],
+         "too few for 5000 rows of at least 2 tokens (pass a smaller --batch-size)"),
+        ([*base, "--output-dir", tmp_path / "o7", "--vocab", tmp_path / "vocab.txt"], "no <unk> in it"),
         ([*base, "--output-dir", tmp_path / "o5", "--cutoffs", "30,100"], "--cutoffs [30, 100] need a vocabulary of more "
          "than 100 symbols, but this corpus gives 62; pass --cutoffs none"),
     ]  # fmt: skip
