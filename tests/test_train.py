@@ -121,9 +121,14 @@ def test_a_character_recipe_scaled_down(tmp_path):
     assert json.loads((output / "eval_results.json").read_text())["results"]["valid"]["unit"] == "character"
 
 
-def test_the_vocabulary_is_counted_as_the_original(tmp_path):
-    """Vocab.build_vocab: specials first, then by decreasing count, ties in first-seen order, min_freq, max_size."""
+def test_the_vocabulary_is_counted_as_the_original(tmp_path, monkeypatch):
+    """Vocab.build_vocab: specials first, then by decreasing count, ties in first-seen order, min_freq, max_size
+    (the same when the file is read in batches of a few characters)."""
+    from transformers_xl.training import corpus
+
     (tmp_path / "a.txt").write_text("  d b a\n\nc a b  e\n   b a c\n")
+    assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",)) == ["<eos>", "b", "a", "c", "d", "e"]
+    monkeypatch.setattr(corpus, "BATCH_CHARACTERS", 4)
     assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",)) == ["<eos>", "b", "a", "c", "d", "e"]
     assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",), min_freq=2) == ["<eos>", "b", "a", "c"]
     assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",), max_size=2) == ["<eos>", "b", "a"]
@@ -178,14 +183,17 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
 
 
 def test_encoding_in_small_batches_gives_the_same_stream(tmp_path, monkeypatch):
-    """Batches end at a number of lines or of characters (a file of long lines stays in bounded memory)."""
+    """Files are read and encoded in batches of lines of about BATCH_CHARACTERS (bounded memory)."""
     from transformers_xl.training import corpus
 
     train_file, _ = write_corpus(tmp_path)
     vocab = {s: i for i, s in enumerate(count_vocabulary([train_file], ("<eos>",)))}
     whole = corpus.encode_file(train_file, vocab, "eos", None)
-    monkeypatch.setattr(corpus, "LINES_PER_BATCH", 3)
     monkeypatch.setattr(corpus, "BATCH_CHARACTERS", 20)
     pieces = corpus.encode_file(train_file, vocab, "eos", None)
     assert np.array_equal(whole.ids, pieces.ids) and (whole.words, whole.unknown) == (pieces.words, pieces.unknown)
     assert len(whole.ids) == sum(len(line.split()) + 1 for line in train_file.read_text().splitlines())
+    (tmp_path / "cr.txt").write_bytes(b"w1 w2\rw3\r\nw4\n")  # lines end as Python's text files (the original) end them
+    assert corpus.encode_file(tmp_path / "cr.txt", vocab, "eos", None).ids.tolist() == [
+        vocab[s] for s in ["w1", "w2", "<eos>", "w3", "<eos>", "w4", "<eos>"]
+    ]
