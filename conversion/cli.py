@@ -12,11 +12,10 @@ import shlex
 import signal
 from pathlib import Path
 
-from huggingface_hub.errors import HTTPError
-
 from .. import hub_configs
-from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
+from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, write_folder
 from .publish import OutputError, OutputExists, check_output
+from .push import push_with_options
 
 
 def read_source(args):
@@ -99,11 +98,8 @@ def _convert_and_push(args, output: Path) -> int:
             log(f"to push it as it is, without converting again: transformers-xl push {args.output} {args.push_to}")
         return 1
     if args.push_to:
-        try:
-            push_folder(output, args.push_to, private=args.private, revision=args.revision, dry_run=args.dry_run)
-        except (HTTPError, OSError) as error:  # (the Hub's answers, the network, no token, offline mode)
-            log(f"error: {args.output} is written, but pushing it to {args.push_to} failed: {error}")
-            return 1
+        failure = f"{args.output} is written, but pushing it to {args.push_to} failed"
+        return push_with_options(output, args.push_to, args, log, failure)
     return 0
 
 

@@ -271,7 +271,7 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged.path):
+    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged):
         staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")
         model = build_model(converted)
@@ -304,7 +304,7 @@ def write_folder(
 
 
 @contextmanager
-def _write_failures(staging: Path):
+def _write_failures(staged: StagingFolder):
     """A failed write (a full or read-only disk, ...) as one clear error naming the path and the cause, whichever
     library wrote: Python's OSError, safetensors' SafetensorError, tokenizers' plain Exception ("(os error 28)")."""
     try:
@@ -316,8 +316,8 @@ def _write_failures(staging: Path):
             code = int(found.group(1)) if found else None
         if code is None:
             raise
-        where = getattr(error, "filename", None) or staging
-        raise OutputError(f"cannot write {where}: {os.strerror(code)}") from error
+        where = getattr(error, "filename", None) or staged.path
+        raise OutputError(f"cannot write {staged.output}: {os.strerror(code)} (writing {where})") from error
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------

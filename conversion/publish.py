@@ -89,8 +89,9 @@ def remove_stale(output: Path, say: Callable[[str], None] = _say):
             continue
         pid = found.group(1).rsplit("-", 2)[1]
         if found.group(2) == REPLACED and not os.path.lexists(output):
-            rename_no_replace(path, output)
-            say(f"put back {output}, which process {pid} (no longer running) had moved aside to replace it")
+            with contextlib.suppress(OSError):  # (another run may have put it back first)
+                rename_no_replace(path, output)
+                say(f"put back {output}, which process {pid} (no longer running) had moved aside to replace it")
         else:
             shutil.rmtree(path, ignore_errors=True)
             say(f"removed {path}, left by process {pid}, which no longer runs")

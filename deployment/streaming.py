@@ -23,10 +23,9 @@ def check_exportable(model: nn.Module):
     """Raise a one-line ValueError for a model or setting that has no exported form."""
     name = type(model).__name__
     if not isinstance(model, (TransfoXLPreTrainedModel, XLNetPreTrainedModel)):
-        raise ValueError(f"{name} has no export here; expected one of transformers-xl's Transformer-XL or XLNet classes.")
+        raise ValueError(f"{name} has no export here; expected one of transformers-xl's Transformer-XL or XLNet "
+                         "classes.")
     config = model.config
-    if type(model) in (TransfoXLPreTrainedModel, XLNetPreTrainedModel):
-        raise ValueError(f"{name} is an abstract base class; expected a model class (e.g. the LM head).")
     if model.training and getattr(config, "sample_softmax", 0) > 0:
         raise ValueError(
             f"{name} is in training mode with a sampled softmax (sample_softmax={config.sample_softmax}), a training "
@@ -35,7 +34,8 @@ def check_exportable(model: nn.Module):
     if model.training and (config.dropout > 0 or getattr(config, "dropatt", 0) > 0):
         raise ValueError(f"{name} is in training mode (dropout); call model.eval() to export it.")
     if isinstance(model, TransfoXLPreTrainedModel) and not config.mem_len > 0:
-        raise ValueError(f"{name}: mem_len={config.mem_len} keeps no memory; expected mem_len > 0 for a streaming graph.")
+        raise ValueError(f"{name}: mem_len={config.mem_len} keeps no memory; expected mem_len > 0 for a streaming "
+                         "graph.")
 
 
 class StreamingModel(nn.Module):

@@ -230,7 +230,7 @@ def test_damaged_or_unsafe_vocabularies_are_refused_by_name(tmp_path, capsys):
     (tmp_path / "spiece.model").write_bytes((FIXTURES / "xlnet_lm" / "spiece.model").read_bytes()[:100])
     (tmp_path / "vocab.txt").write_bytes(b"\xff\xfe not utf-8")
     cases = [("transfo_xl_lm", "vocab.pkl", "references `posix.system`"), ("xlnet_lm", "spiece.model", "ModelProto"),
-             ("transfo_xl_lm", "vocab.txt", "can't decode")]  # fmt: skip
+             ("transfo_xl_lm", "vocab.txt", "is not UTF-8 text: byte 0xff at byte offset 0")]  # fmt: skip
     for name, vocab, reason in cases:
         assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--vocab", tmp_path / vocab) == 1
         error = capsys.readouterr().err

@@ -91,7 +91,8 @@ def test_dynamo_exporter_with_mems_has_dynamic_segment_and_memory_lengths(name):
     extra = {"use_mems": True} if name.startswith("XLNet") else {}
     example = {"input_ids": ids(name, 5, 0), "mems": memory(name, MEM_LEN, 0), **extra}
     program = DynamoExporter().export(model, dict(example), config=DynamoConfig(dynamic=True)).program
-    lengths = [(TOP_K, MEM_LEN), (11, MEM_LEN), (6, 5), (4, MEM_LEN + 4)] + ([(1, MEM_LEN)] if shortest(name) == 1 else [])
+    lengths = [(TOP_K, MEM_LEN), (11, MEM_LEN), (6, 5), (4, MEM_LEN + 4)]
+    lengths += [(1, MEM_LEN)] if shortest(name) == 1 else []  # (a decoding step)
     for length, memory_length in lengths:
         inputs = {"input_ids": ids(name, length, length), "mems": memory(name, memory_length, length), **extra}
         with torch.no_grad():
