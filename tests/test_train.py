@@ -199,3 +199,29 @@ def test_encoding_in_small_batches_gives_the_same_stream(tmp_path, monkeypatch):
     assert corpus.encode_file(tmp_path / "cr.txt", vocab, "eos", None).ids.tolist() == [
         vocab[s] for s in ["w1", "w2", "<eos>", "w3", "<eos>", "w4", "<eos>"]
     ]
+
+
+def test_two_processes_under_accelerate_launch(tmp_path):
+    """The same command under `accelerate launch` (2 CPU processes, gloo): each rank trains its half of the rows
+    with its own memory (saved beside the checkpoint); one folder comes out."""
+    import os
+    import subprocess
+    import sys
+
+    from test_training_accelerate import free_port
+
+    train_file, valid_file = write_corpus(tmp_path)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m",
+        "transformers_xl", "train", "--recipe", "tiny", "--train-file", str(train_file), "--valid-file",
+        str(valid_file), "--output-dir", str(tmp_path / "out"), *FAST,
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = tmp_path / "out" / "checkpoint-3"
+    assert {f"memory-rank{r}.safetensors" for r in (0, 1)} <= {path.name for path in checkpoint.iterdir()}
+    assert load_file(checkpoint / "memory-rank0.safetensors")["0"].shape[1] == 2  # 2 of the 4 rows per rank
+    assert "valid" in json.loads((tmp_path / "out" / "eval_results.json").read_text())["results"]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.vocab_size == 62
