@@ -171,3 +171,17 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith("transformers-xl train: ") and message in error, error
     assert not (tmp_path / "taken" / "corpus").exists()  # nothing written into a refused folder
+
+
+def test_encoding_in_small_batches_gives_the_same_stream(tmp_path, monkeypatch):
+    """Batches end at a number of lines or of characters (a file of long lines stays in bounded memory)."""
+    from transformers_xl.training import corpus
+
+    train_file, _ = write_corpus(tmp_path)
+    vocab = {s: i for i, s in enumerate(count_vocabulary([train_file], ("<eos>",)))}
+    whole = corpus.encode_file(train_file, vocab, "eos", None)
+    monkeypatch.setattr(corpus, "LINES_PER_BATCH", 3)
+    monkeypatch.setattr(corpus, "BATCH_CHARACTERS", 20)
+    pieces = corpus.encode_file(train_file, vocab, "eos", None)
+    assert np.array_equal(whole.ids, pieces.ids) and (whole.words, whole.unknown) == (pieces.words, pieces.unknown)
+    assert len(whole.ids) == sum(len(line.split()) + 1 for line in train_file.read_text().splitlines())

@@ -24,7 +24,7 @@ from ..tokenization.legacy_vocab import build_vocab
 # How a line ends in the id stream: wt103 / PTB / WikiText append <eos>; lm1b wraps it in <S> ... <S>; enwik8 and
 # text8 add nothing (their lines are pieces of one character stream).
 LINE_ENDS = {"eos": ("", "<eos>"), "double-eos": ("<S>", "<S>"), "none": ("", "")}
-LINES_PER_BATCH = 4096
+LINES_PER_BATCH, BATCH_CHARACTERS = 4096, 1 << 24  # a batch ends at whichever comes first (bounded memory)
 _NOT_IN_VOCABULARY = "\x00not in the vocabulary\x00"  # the word every unknown symbol maps to while encoding
 
 
@@ -103,20 +103,22 @@ def encode_file(path, vocab: dict[str, int], line_end: str, unk_token: str | Non
     path = check_readable(path)
     tokenizer = word_tokenizer(vocab, line_end, lower_case)
     unknown_id, line_end_ids = len(vocab), len([m for m in LINE_ENDS[line_end] if m])
-    pieces, batch, unknown, words = [], [], 0, 0
+    pieces, batch, unknown, words, characters = [], [], 0, 0, 0
 
     def flush():
-        nonlocal unknown, words
+        nonlocal unknown, words, characters
         encodings = tokenizer.encode_batch_fast([line.strip() for line in batch])
         ids = np.fromiter((i for encoding in encodings for i in encoding.ids), dtype=np.int32)
         words += len(ids) - line_end_ids * len(batch)
         unknown += int(np.count_nonzero(ids == unknown_id))
         pieces.append(ids)
         batch.clear()
+        characters = 0
 
     for line in _lines(path, description or f"encoding {path.name}"):
         batch.append(line)
-        if len(batch) == LINES_PER_BATCH:
+        characters += len(line)
+        if len(batch) == LINES_PER_BATCH or characters >= BATCH_CHARACTERS:
             flush()
     if batch:
         flush()

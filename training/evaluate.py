@@ -189,8 +189,8 @@ def evaluate_stream(model, ids, batch_size: int, tgt_len: int, mem_len: int, cla
     cache = MemoryCache(model.config.n_layer, mem_len)
     total_loss, total_len = 0.0, 0
     start = time.perf_counter()
-    with torch.inference_mode(), autocast, config_settings(
-        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length
+    with torch.inference_mode(), autocast, config_settings(  # (the memory starts empty, as in eval.py)
+        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, zero_initial_mems=False
     ):
         for i in tqdm(range(0, n_step - 1, tgt_len), desc="evaluating", unit="segment", disable=not progress,
                       dynamic_ncols=True):  # fmt: skip
