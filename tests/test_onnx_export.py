@@ -65,11 +65,15 @@ def test_transformer_xl_lm_streams_through_onnx_runtime_with_its_memory(tmp_path
     assert memory.shape[1] == MEM_LEN
 
 
-@pytest.mark.parametrize("name", ["XLNetLMHeadModel", "XLNetForQuestionAnswering"])
-def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, capsys, name):
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("XLNetLMHeadModel", {}), ("XLNetForQuestionAnswering", {}), ("TransfoXLLMHeadModel", {"same_length": True})],
+)
+def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, capsys, name, overrides):
     """--dynamic: batch sizes and segment lengths other than the export's (the beam-search QA head's top-k over the
-    segment included), the memory growing and sliding."""
-    model, output, status = export(tmp_path, name, "--dynamic")
+    segment included; Transformer-XL's `same_length` span, which depends on how far memory + segment exceed
+    mem_len), the memory growing and sliding."""
+    model, output, status = export(tmp_path, name, "--dynamic", **overrides)
     assert status == 0
     message = capsys.readouterr().err
     assert "max abs difference" in message and "(tolerance 0.0001)" in message
