@@ -266,7 +266,7 @@ def onnxruntime_model(session):
 
     path = Path(tempfile.mkdtemp(prefix="bench_onnx_")) / "model.onnx"
     with torch.inference_mode():
-        torch.onnx.export(WithMemory(session.model), (session.input_ids, *session.mems), path, dynamo=True)
+        torch.onnx.export(WithMemory(session.model).eval(), (session.input_ids, *session.mems), path, dynamo=True)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
     runtime = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
