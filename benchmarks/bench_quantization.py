@@ -100,7 +100,8 @@ def main():
 
     results = {}
     for name, variant in models.items():
-        results[name] = {"bpc": bits_per_character(variant, text, args.rows), **greedy_agreement(variant, prompt, reference)}
+        bpc = bits_per_character(variant, text, args.rows)
+        results[name] = {"bpc": bpc, **greedy_agreement(variant, prompt, reference)}
     generators = {name: make_generate(variant, True) for name, variant in models.items()}
     for generate in generators.values():
         generate(prompt, 2)  # warm-up

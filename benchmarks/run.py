@@ -690,7 +690,8 @@ def markdown(run: Run) -> str:
         lines += ["", f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
             if section == "deploy":
-                lines.append("| " + " | ".join([row["config"], row["model"], row["workload"], *deploy_cells(row)]) + " |")
+                cells = [row["config"], row["model"], row["workload"], *deploy_cells(row)]
+                lines.append("| " + " | ".join(cells) + " |")
                 continue
             sides = list(row["sides"].items())
             other_name, other = sides[1] if len(sides) > 1 else ("", {"status": "not measured"})
