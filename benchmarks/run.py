@@ -23,7 +23,9 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
 - `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references;
 - `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
   memory of the other half) against recomputing a sliding window for every token (the paper's evaluation
-  speed-up, at CPU scale), attention lengths 128 ... 1024, batch 1;
+  speed-up, at CPU scale), attention lengths 128 ... 1024, batch 1; a third side is `transformers-xl evaluate`'s
+  loop (`training.evaluate.evaluate_stream`: the memory in a `MemoryCache`, the loss of every prediction) over the
+  same stream;
 - `deploy`: batch 1, one segment of 128 tokens after 128 of memory (the issue configuration with mem_len 128): our
   eager forward against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
   onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
@@ -566,6 +568,8 @@ def measure_stream(run: Run, case: Case, folder: Path):
     """Evaluation of a stream, batch 1: with the memory (segments of A/2 tokens attending to A/2 remembered ones,
     two segments per call after one that fills the memory) against a sliding window of A tokens run once per
     predicted token (the last position's log-probabilities only), for attention lengths A."""
+    from transformers_xl.training.evaluate import evaluate_stream
+
     model = load_model(folder, "ours")
     lengths = [8, 16] if run.args.quick else [128, 256, 512, 1024]
     windows = 2  # sliding-window predictions per call
@@ -589,11 +593,17 @@ def measure_stream(run: Run, case: Case, folder: Path):
                     model(stream[:, end - attention : end], logits_to_keep=1)
             return windows
 
+        def evaluate_command():  # (from an empty memory: its first segment, cheaper, is among its predictions)
+            result = evaluate_stream(model, stream[0], batch_size=1, tgt_len=segment, mem_len=attention - segment,
+                                     clamp_len=-1, same_length=False, progress=False)  # fmt: skip
+            return result["predicted_tokens"]
+
         sides = alternate(
-            {"with memory": lambda: per_token(with_memory), "sliding window": lambda: per_token(sliding_window)},
+            {"with memory": lambda: per_token(with_memory), "sliding window": lambda: per_token(sliding_window),
+             "evaluate (cache)": lambda: per_token(evaluate_command)},
             run.args.rounds,
             warmup=run.args.warmup,
-        )
+        )  # fmt: skip
         run.add("stream", case.name, "Transformer-XL", f"attention length {attention}", "s/token", sides)
         print_row(run.rows[-1])
 
@@ -652,7 +662,8 @@ SECTIONS = {
     "generation": ("Generation, greedy, batch 1: new tokens/s, median / best; speed-up = reference time / ours",
                    ["configuration", "model", "prompt", "ours", "reference", "speed-up", "ours without the cache"]),
     "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
-               ["configuration", "model", "attention", "with memory", "sliding window", "speed-up"]),
+               ["configuration", "model", "attention", "with memory", "sliding window", "speed-up",
+                "`transformers-xl evaluate` (cache)", "its speed-up"]),
     "deploy": ("Deployment, batch 1: tokens/s (segment) or new tokens/s (decoding), median / best, (speed-up over "
                "eager); eager time / ONNX Runtime time (target <= 1.25)",
                ["configuration", "model", "workload", *DEPLOY_SIDES, "eager / ORT"]),
@@ -705,6 +716,10 @@ def markdown(run: Run) -> str:
                 cells.append(percent_of_peak(run, row))
             if section == "generation":  # Transformer-XL: ours recomputing the sequence at every step
                 cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
+            if section == "stream":  # the evaluate command's loop, and its speed-up over the sliding window
+                evaluate, window = row["sides"]["evaluate (cache)"], row["sides"]["sliding window"]
+                measured = evaluate["status"] == window["status"] == "measured" and evaluate["median"]
+                cells += [cell(evaluate, row), f"{window['median'] / evaluate['median']:.2f}x" if measured else "-"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

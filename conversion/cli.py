@@ -12,11 +12,10 @@ import shlex
 import signal
 from pathlib import Path
 
-from huggingface_hub.errors import HTTPError
-
 from .. import hub_configs
-from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, push_folder, write_folder
-from .publish import OutputError, check_output
+from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, write_folder
+from .publish import OutputError, OutputExists, check_output
+from .push import push_with_options
 
 
 def read_source(args):
@@ -42,7 +41,7 @@ def command_line(args) -> str:
         value = getattr(args, option)
         if value is not None and not (option == "max_shard_size" and value == DEFAULT_MAX_SHARD_SIZE):
             words += ["--" + option.replace("_", "-"), str(value)]
-    return shlex.join(words)
+    return shlex.join(words + ["--no-tokenizer"] * args.no_tokenizer)
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -55,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser):
     )
     parser.add_argument("--corpus-info", help="tf: the corpus-info.json of the original data script")
     parser.add_argument("--task", help="tf (XLNet): the fine-tuning task whose head to convert")
-    parser.add_argument("--vocab", help="vocabulary for the tokenizer: tokenizer.json, vocab.pkl/.bin/.txt, spiece.model")
+    vocabulary = parser.add_mutually_exclusive_group()
+    vocabulary.add_argument(
+        "--vocab", help="vocabulary for the tokenizer: tokenizer.json, vocab.pkl/.bin/.txt, spiece.model"
+    )
+    vocabulary.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer (even if one is found)")
     parser.add_argument("--force", action="store_true", help="replace an OUTPUT that transformers-xl wrote")
     parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, help="split weights above this size")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
@@ -86,18 +89,17 @@ def _convert_and_push(args, output: Path) -> int:
         check_output(output, args.force, say=log)  # (before reading the source, which can take minutes)
         converted = read_source(args)
         write_folder(
-            converted, output, force=args.force, vocab=args.vocab, command=command_line(args),
-            max_shard_size=args.max_shard_size, tolerance=args.tolerance,
+            converted, output, force=args.force, vocab=args.vocab, with_tokenizer=not args.no_tokenizer,
+            command=command_line(args), max_shard_size=args.max_shard_size, tolerance=args.tolerance,
         )  # fmt: skip
     except (ValueError, TypeError, FileExistsError, FileNotFoundError, OutputError) as error:
         log(f"error: {error}")
+        if isinstance(error, OutputExists) and args.push_to:
+            log(f"to push it as it is, without converting again: transformers-xl push {args.output} {args.push_to}")
         return 1
     if args.push_to:
-        try:
-            push_folder(output, args.push_to, private=args.private, revision=args.revision, dry_run=args.dry_run)
-        except (HTTPError, OSError) as error:  # (the Hub's answers, the network, no token, offline mode)
-            log(f"error: {args.output} is written, but pushing it to {args.push_to} failed: {error}")
-            return 1
+        failure = f"{args.output} is written, but pushing it to {args.push_to} failed"
+        return push_with_options(output, args.push_to, args, log, failure)
     return 0
 
 

@@ -170,6 +170,17 @@ def load_tokenizer(model_type: str, files: dict[str, str]):
         raise ValueError(f"Cannot read the vocabulary {shown} (a damaged or wrong file?): {error}") from error
 
 
+def _no_vocabulary(model_type: str, files: dict[str, str]):
+    """No vocabulary: an error where a tokenizer config promises a tokenizer, else a warning (never silence)."""
+    expected = ", ".join(sorted(TOKENIZER_KINDS[model_type]))
+    if SETTINGS_FILE in files:
+        raise ValueError(
+            f"{files[SETTINGS_FILE]} describes a tokenizer, but its vocabulary is missing (expected one of {expected} "
+            "beside it); pass --vocab FILE, or --no-tokenizer to write the model without a tokenizer."
+        )
+    log(f"warning: the output has no tokenizer: no vocabulary beside the source ({expected}) and no --vocab given")
+
+
 def save_tokenizer(tokenizer, model_type: str, folder: Path):
     """Write `tokenizer.json` + `tokenizer_config.json`. Transformer-XL's names the generic `TokenizersBackend`,
     which runs the whole pipeline from `tokenizer.json` in any transformers 5, plugin or not (its own class holds no
@@ -234,18 +245,23 @@ def write_folder(
     *,
     force: bool = False,
     vocab: str | None = None,
+    with_tokenizer: bool = True,
     command: str = "(Python API)",
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> float:
     """Write `converted` as a Hub folder at `output` (atomically, see `publish`) and return the verified max
-    difference."""
+    difference. `vocab` replaces the vocabulary found beside the source; `with_tokenizer=False` writes none."""
     output = Path(output).absolute()
     files = dict(converted.tokenizer_files)
     if vocab is not None:
         files = {kind: path for kind, path in files.items() if kind == SETTINGS_FILE}
         files[vocabulary_kind(vocab)] = vocab
-    tokenizer = load_tokenizer(converted.config.model_type, files)  # (bad vocabularies fail before any writing)
+    tokenizer = None
+    if with_tokenizer:
+        tokenizer = load_tokenizer(converted.config.model_type, files)  # (bad vocabularies fail before any writing)
+        if tokenizer is None:
+            _no_vocabulary(converted.config.model_type, files)
     if tokenizer is not None and len(tokenizer) > converted.config.vocab_size:
         raise ValueError(
             f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
@@ -255,7 +271,7 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged.path):
+    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged):
         staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")
         model = build_model(converted)
@@ -288,7 +304,7 @@ def write_folder(
 
 
 @contextmanager
-def _write_failures(staging: Path):
+def _write_failures(staged: StagingFolder):
     """A failed write (a full or read-only disk, ...) as one clear error naming the path and the cause, whichever
     library wrote: Python's OSError, safetensors' SafetensorError, tokenizers' plain Exception ("(os error 28)")."""
     try:
@@ -300,8 +316,8 @@ def _write_failures(staging: Path):
             code = int(found.group(1)) if found else None
         if code is None:
             raise
-        where = getattr(error, "filename", None) or staging
-        raise OutputError(f"cannot write {where}: {os.strerror(code)}") from error
+        where = getattr(error, "filename", None) or staged.path
+        raise OutputError(f"cannot write {staged.output}: {os.strerror(code)} (writing {where})") from error
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------

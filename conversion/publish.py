@@ -13,6 +13,7 @@ was killed (kill -9, a crash, a power cut) leaves a folder that a later run reco
 (or the pid now belongs to a process started later), so the later run removes it and says so.
 """
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -27,7 +28,7 @@ from pathlib import Path
 
 MARKER = ".transformers-xl.json"
 """Left in every published folder: what recognises a folder `force` may replace (not uploaded to the Hub)."""
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model.onnx")  # (model.onnx: `export`)
 STAGING, REPLACED = ".partial", ".replaced"
 
 
@@ -81,15 +82,16 @@ def _is_running(owner: str) -> bool:
 def remove_stale(output: Path, say: Callable[[str], None] = _say):
     """Remove the staging folders of runs to `output` that were killed; put back a folder `force` had moved aside
     when the run was killed before the new one was in place."""
-    pattern = re.compile(re.escape(f".{output.name}.") + r"(.+-\d+-\d+)\.[A-Za-z0-9_]+(\.partial|\.replaced)")
+    pattern = re.compile(re.escape(f".{output.name}.") + r"(\w+-\d+-\d+)\.\w+(\.partial|\.replaced)", re.ASCII)
     for path in sorted(output.parent.glob(f".{output.name}.*")):
         found = pattern.fullmatch(path.name)
         if found is None or _is_running(found.group(1)):
             continue
         pid = found.group(1).rsplit("-", 2)[1]
         if found.group(2) == REPLACED and not os.path.lexists(output):
-            rename_no_replace(path, output)
-            say(f"put back {output}, which process {pid} (no longer running) had moved aside to replace it")
+            with contextlib.suppress(OSError):  # (another run may have put it back first)
+                rename_no_replace(path, output)
+                say(f"put back {output}, which process {pid} (no longer running) had moved aside to replace it")
         else:
             shutil.rmtree(path, ignore_errors=True)
             say(f"removed {path}, left by process {pid}, which no longer runs")
@@ -130,8 +132,11 @@ def rename_no_replace(source: Path, target: Path):
     os.mkdir(target)
     try:
         os.rename(source, target)
-    except OSError:
-        os.rmdir(target)  # (fails, keeping it, if something was put into it)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.rmdir(target)  # (fails, keeping it, if something was put into it meanwhile)
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(error.errno, os.strerror(error.errno), str(target)) from None
         raise
 
 
@@ -139,8 +144,8 @@ def rename_no_replace(source: Path, target: Path):
 
 
 def is_published(folder: Path) -> bool:
-    """A folder published here: our marker, a config.json and model weights."""
-    return (folder / MARKER).is_file() and (folder / "config.json").is_file() and any(
+    """A folder published here: our marker, a config.json and model weights (not a link to such a folder)."""
+    return not folder.is_symlink() and (folder / MARKER).is_file() and (folder / "config.json").is_file() and any(
         (folder / name).is_file() for name in WEIGHTS
     )
 
@@ -159,7 +164,7 @@ def check_output(output: Path, force: bool, say: Callable[[str], None] = _say):
             )
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".probe", dir=output.parent))
+        os.rmdir(tempfile.mkdtemp(prefix=f".{output.name}.{_owner()}.", suffix=STAGING, dir=output.parent))
     except OSError as error:
         raise OutputError(f"cannot write in {output.parent}: {error.strerror or error}") from error
 

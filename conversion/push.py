@@ -64,9 +64,15 @@ def run(args) -> int:
     except ValueError as error:  # (HFValidationError is one)
         log(f"error: {error}")
         return 1
+    return push_with_options(folder, args.repo, args, log, failure=f"pushing {args.folder} to {args.repo} failed")
+
+
+def push_with_options(folder, repo: str, args, say, failure: str) -> int:
+    """`push_folder` with a command's --private, --revision and --dry-run; the exit status. A failed push (the Hub's
+    answers, the network, no token, offline mode) is one line, `failure` and the cause, through `say`."""
     try:
-        push_folder(folder, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run)
-    except (HTTPError, OSError) as error:  # (the Hub's answers, the network, no token, offline mode)
-        log(f"error: pushing {args.folder} to {args.repo} failed: {error}")
+        push_folder(folder, repo, private=args.private, revision=args.revision, dry_run=args.dry_run)
+    except (HTTPError, OSError) as error:
+        say(f"error: {failure}: {error}")
         return 1
     return 0

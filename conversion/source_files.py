@@ -16,9 +16,11 @@ from pathlib import Path
 
 
 def read_json(path) -> dict:
-    """The JSON object in `path`; a ValueError naming the file if it is not one."""
+    """The JSON object in `path`; a ValueError naming the file if it is not one (or cannot be read)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(data, dict):

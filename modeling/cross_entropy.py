@@ -76,6 +76,16 @@ def reduce_nll(nll: torch.Tensor, counted: torch.Tensor, reduction: str = "mean"
     raise ValueError(f"reduce_nll: reduction {reduction!r}; expected 'none', 'sum' or 'mean'.")
 
 
+def loss_per_target(total: torch.Tensor, count) -> torch.Tensor:
+    """A summed loss divided by its number of targets `count` (an int or a tensor, e.g. Trainer's
+    `num_items_in_batch`); 0 when there is none (every label -100), where the plain quotient 0 / 0 is NaN and puts
+    NaN into every gradient, which an optimizer step then writes into every weight. A sum over no target scores
+    nothing, so its gradients are zero."""
+    if torch.is_tensor(count):
+        return total / count.to(total.device).clamp(min=1)
+    return total / max(count, 1)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Linear cross-entropy: the output layer and the loss in one pass, for the language-model heads
 

@@ -102,15 +102,16 @@ def inputs_shape(input_ids, inputs_embeds) -> tuple[int, int] | None:
     return None
 
 
-def check_token_labels(model: str, labels, expected, described, origin, num_classes: int, what: str, note: str):
+def check_token_labels(model: str, labels, expected, described, origin, num_classes: int, what: str, note: str,
+                       argument: str = "labels"):
     """Per-token labels (language modelling, token classification): integer, shape `expected` (unchecked when
-    None), in [0, num_classes) or -100."""
+    None), in [0, num_classes) or -100. `argument`: their name in the errors (`labels`, `shift_labels`)."""
     if labels is None:
         return
-    check_integer(model, "labels", labels, what)
+    check_integer(model, argument, labels, what)
     if expected is not None:
-        check_shape(model, "labels", labels, expected, described, origin)
-    check_values_in(model, "labels", labels, 0, num_classes, what, note, ignore_index=IGNORE_INDEX)
+        check_shape(model, argument, labels, expected, described, origin)
+    check_values_in(model, argument, labels, 0, num_classes, what, note, ignore_index=IGNORE_INDEX)
 
 
 def problem_type(config, labels) -> str:

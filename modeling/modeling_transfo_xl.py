@@ -23,8 +23,9 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
+from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
 from .decoding_linear import linear_layer
-from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape
+from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     RelativePositions,
@@ -50,10 +51,12 @@ class TransfoXLModelOutput(ModelOutput):
 
 @dataclass
 class TransfoXLLMHeadModelOutput(ModelOutput):
-    """LM output. Position t predicts `labels[:, t + 1]` (labels are shifted inside, like every causal LM).
+    """LM output. Position t predicts `labels[:, t + 1]` (labels are shifted inside, like every causal LM), or
+    `shift_labels[:, t]` (already shifted: the last position predicts the token after the segment).
 
     - `loss`: mean NLL over the predicted tokens whose label is not -100 (a scalar, as Trainer expects);
-    - `losses`: per-token NLL [batch, seq_len - 1], 0 where the label is -100;
+    - `losses`: per-token NLL [batch, seq_len - 1] (with `shift_labels`: [batch, seq_len]), 0 where the label is
+      -100;
     - `logits`: log-probabilities over the full vocabulary [batch, seq_len, vocab_size], computed only when no
       labels are given (the adaptive softmax never needs them for the loss).
     """
@@ -440,12 +443,13 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         position scores, which saves a pass over the scores per layer."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
-        if span is None:  # the legacy span: the segment less the keys beyond mem_len (sym_max: no branch to export)
-            span = query_length - torch.sym_max(key_length - self.config.mem_len, 0)
+        if span is None:
+            overflow = key_length - self.config.mem_len  # keys beyond mem_len (legacy `same_length` span)
+            span = query_length - overflow if overflow > 0 else query_length
         if self.config.attn_type == 0 and attention_mask is None:
             # same_length masks keys j <= i - span of query i (at position m + i): the distances m + span and above,
             # the first q - span of the k + 1 listed (k - 1 ... -1)
-            return FoldedMask(torch.sym_max(0, query_length - span) if self.config.same_length else 0)
+            return FoldedMask(max(0, query_length - span) if self.config.same_length else 0)
         mask = causal_memory_mask(query_length, memory_length, self.config.same_length, span, device=device)
         mask = mask[None, None]
         if attention_mask is not None:
@@ -603,7 +607,7 @@ def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) ->
 class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     """Transformer-XL with the projected adaptive softmax (optionally trained with a sampled softmax)."""
 
-    # forward() takes no **kwargs (unknown arguments are a TypeError), so tell Trainer it takes `num_items_in_batch`.
+    # forward()'s **kwargs take only `shift_labels` (others are a TypeError); tell Trainer it takes `num_items_in_batch`.
     accepts_loss_kwargs = True
 
     def __init__(self, config: TransfoXLConfig):
@@ -635,21 +639,38 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
     ) -> TransfoXLLMHeadModelOutput | tuple:
-        """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions.
-        `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated micro-batches.
+        """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions. Or, as in
+        transformers v5's causal-LM loss, `shift_labels` [batch, seq_len]: the targets already shifted, so that the
+        last position predicts the token after the segment (every token of a stream predicted once, as the original
+        protocol does; see `TextStream`). It comes through `**kwargs`, as in transformers' own models, so Trainer
+        keeps treating `labels` as the label column. `num_items_in_batch` (passed by Trainer) normalises the loss
+        over all accumulated micro-batches.
 
         With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
         `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
         `config.trainer_compatible` is true (`()` stands where 4.x put its empty prediction scores). `...` is the
         cache (when one is used), hidden states and attentions that were asked for; absent entries are left out."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if kwargs:
+            raise TypeError(f"TransfoXLLMHeadModel.forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
+        if labels is not None and shift_labels is not None:
+            raise ValueError(
+                "TransfoXLLMHeadModel: pass `labels` (the input ids, shifted inside) or `shift_labels` (the targets "
+                "already shifted), not both."
+            )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
-        if labels is not None and shape is not None:
+        if shape is not None:
             vocab_size = self.config.vocab_size
             check_token_labels(
                 "TransfoXLLMHeadModel", labels, shape, "[batch_size, seq_len]", " (the inputs' shape: labels are the "
                 "input ids, shifted inside)", vocab_size, "token ids", f" (vocab_size={vocab_size})",
+            )
+            check_token_labels(
+                "TransfoXLLMHeadModel", shift_labels, shape, "[batch_size, seq_len]", " (the inputs' shape: one "
+                "target per position)", vocab_size, "token ids", f" (vocab_size={vocab_size})", "shift_labels",
             )
         outputs = self.transformer(
             input_ids,
@@ -664,16 +685,18 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         )
         hidden = outputs.last_hidden_state
         loss = losses = logits = None
-        if labels is None:
+        if labels is not None:
+            losses, loss = self._losses(hidden[:, :-1], labels[:, 1:], num_items_in_batch)
+        elif shift_labels is not None:
+            losses, loss = self._losses(hidden, shift_labels, num_items_in_batch)
+        else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
             logits = self.crit.log_prob(kept.reshape(-1, kept.shape[-1])).view(*kept.shape[:2], -1)
-        else:
-            losses, loss = self._losses(hidden, labels, num_items_in_batch)
 
         if not return_dict:
             rest = (outputs.mems, outputs.cache, outputs.hidden_states, outputs.attentions)
             rest = tuple(v for v in rest if v is not None)
-            if labels is None:
+            if losses is None:
                 return (logits, *rest)
             if getattr(self.config, "trainer_compatible", False):
                 return (loss, (), losses, *rest)
@@ -739,21 +762,21 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         criteria.append(WordLevelStopStringCriteria(tokenizer, generation_config.stop_strings))
         return criteria
 
-    def _losses(self, hidden, labels, num_items_in_batch):
-        """Per-token NLL [B, T-1] of `labels[:, 1:]` given `hidden[:, :-1]`, and their mean over real labels."""
-        hidden, target = hidden[:, :-1], labels[:, 1:].to(hidden.device)
+    def _losses(self, hidden, target, num_items_in_batch):
+        """Per-token NLL [B, T] of `target` given `hidden` [B, T, d], and their mean over the real targets."""
+        target = target.to(hidden.device)
         valid = target != -100
         flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-        denominator = num_items_in_batch if num_items_in_batch is not None else valid.sum().clamp(min=1)
+        count = num_items_in_batch if num_items_in_batch is not None else valid.sum()
         if torch.compiler.is_compiling():
             # A compiled graph cannot size a tensor by the data (the number of real labels): every position is scored
             # (ignored ones as id 0) and the ignored ones zeroed.
             losses = self._nll(flat_hidden, flat_target.clamp(min=0)).where(valid.reshape(-1), 0.0)
-            return losses.view(target.shape), losses.sum() / denominator
+            return losses.view(target.shape), loss_per_target(losses.sum(), count)
         rows = valid.reshape(-1).nonzero().squeeze(-1)
         nll = self._nll(flat_hidden[rows], flat_target[rows])
         losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
-        return losses.view(target.shape), nll.sum() / denominator
+        return losses.view(target.shape), loss_per_target(nll.sum(), count)
 
     def _nll(self, hidden, target):
         """[N, d], [N] -> [N] NLL of the targets: the sampled softmax in training when configured, else exact."""
@@ -793,7 +816,9 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: MemoryCache | None = None,
     ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
+        """`cache`: a MemoryCache holding the memory instead of `mems`, updated in place (as in the LM head)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
         if labels is not None and shape is not None:
@@ -803,6 +828,7 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
             mems=mems,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            cache=cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -812,7 +838,11 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         last = self._last_token_index(input_ids, attention_mask, batch_size, seq_len, hidden.device)
         logits = self.score(hidden[torch.arange(batch_size, device=hidden.device), last])
         loss = None
-        if labels is not None:
+        if labels is not None and problem_type(self.config, labels) == "single_label_classification":
+            # (transformers' loss_function is a mean over the labels that are not -100: NaN when none is)
+            labels = labels.view(-1)
+            loss = loss_per_target(reduced_cross_entropy(logits, labels, "sum"), (labels != IGNORE_INDEX).sum())
+        elif labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         if not return_dict:
             fields = (loss, logits, outputs.mems, outputs.hidden_states, outputs.attentions)

@@ -49,7 +49,15 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
-from .cross_entropy import IGNORE_INDEX, Softmax, SoftmaxPart, linear_cross_entropy, reduce_nll, reduced_cross_entropy
+from .cross_entropy import (
+    IGNORE_INDEX,
+    Softmax,
+    SoftmaxPart,
+    linear_cross_entropy,
+    loss_per_target,
+    reduce_nll,
+    reduced_cross_entropy,
+)
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     causal_memory_mask,
@@ -551,14 +559,14 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
 
 def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
-    """The loss averaged over this batch, or summed and divided by `num_items_in_batch` when Trainer passes it
-    (gradient accumulation: the total over all micro-batches, so that accumulated gradients equal a full batch's)."""
+    """The loss averaged over this batch's targets (class ids of -100 do not count), or summed and divided by
+    `num_items_in_batch` when Trainer passes it (gradient accumulation: the total over all micro-batches, so that
+    accumulated gradients equal a full batch's). No target at all gives 0 and zero gradients, not NaN."""
     if num_items_in_batch is None:
-        return loss_fn(inputs, targets, reduction="mean")
-    loss = loss_fn(inputs, targets, reduction="sum")
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(loss.device)
-    return loss / num_items_in_batch
+        if targets.is_floating_point():  # regression, multi-label: every value is a target
+            return loss_fn(inputs, targets, reduction="mean")
+        num_items_in_batch = (targets != IGNORE_INDEX).sum()
+    return loss_per_target(loss_fn(inputs, targets, reduction="sum"), num_items_in_batch)
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
@@ -573,12 +581,13 @@ def _output_positions(input_ids, inputs_embeds, target_mapping):
     return shape[0], target_mapping.shape[1], "[batch_size, num_predict]", " (the predictions of `target_mapping`)"
 
 
-def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note):
+def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping, num_classes, what, note,
+                        argument="labels"):
     """Per-token labels: one per output position (see `_output_positions`), checked before the forward pass."""
     positions = None if labels is None else _output_positions(input_ids, inputs_embeds, target_mapping)
     if positions is not None:
         batch_size, length, described, origin = positions
-        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note)
+        check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note, argument)
 
 
 class XLNetModel(XLNetPreTrainedModel):
@@ -859,7 +868,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     """XLNet with the language-modeling head (tied to the input embeddings, own bias).
 
     Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
-    position m without it). Generation gives transformers' tokens: the next token comes from the query stream of the
+    position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
+    are therefore the same targets, and are taken as such (one or the other). Generation gives transformers' tokens: the next token comes from the query stream of the
     position after the input (`predict_next_token`); with memory, the last two known tokens are recomputed each step.
     """
 
@@ -898,11 +908,19 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> XLNetLMHeadModelOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if shift_labels is not None and labels is not None:
+            raise ValueError(
+                f"{type(self).__name__}: pass `labels` or `shift_labels` (for XLNet the same targets: one per output "
+                "position, unshifted by the model), not both."
+            )
+        target_name = "labels" if shift_labels is None else "shift_labels"
+        labels = labels if shift_labels is None else shift_labels
         vocab_size = self.config.vocab_size
         if isinstance(logits_to_keep, int) and logits_to_keep == 0 and not kwargs.get("predict_next_token"):
             _check_token_labels(
                 type(self).__name__, labels, input_ids, inputs_embeds, target_mapping, vocab_size, "token ids",
-                f" (vocab_size={vocab_size})",
+                f" (vocab_size={vocab_size})", target_name,
             )
         outputs = self.transformer(
             input_ids,
@@ -1291,14 +1309,14 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         end_logits = end_logits.squeeze(-1).contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions past the end of the sequence are ignored (clamped onto an ignore index), as in transformers:
-            # the answer lies outside this window of a long context.
-            ignored = start_logits.shape[1]
-            start_positions = start_positions.reshape(-1).clamp(0, ignored)
-            end_positions = end_positions.reshape(-1).clamp(0, ignored)
-            start_loss = F.cross_entropy(start_logits, start_positions, ignore_index=ignored)
-            end_loss = F.cross_entropy(end_logits, end_positions, ignore_index=ignored)
-            loss = (start_loss + end_loss) / 2
+            # Positions past the end of the sequence are ignored, as in transformers: the answer lies outside this
+            # window of a long context (a batch of such windows has a loss of 0).
+            def span_loss(logits, positions):
+                positions = positions.reshape(-1)
+                targets = positions.where(positions < logits.shape[1], IGNORE_INDEX)
+                return _loss_sum_or_mean(reduced_cross_entropy, logits, targets, None)
+
+            loss = (span_loss(start_logits, start_positions) + span_loss(end_logits, end_positions)) / 2
         return XLNetForQuestionAnsweringSimpleOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, mems=outputs.mems,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,

@@ -118,6 +118,28 @@ def test_vocab_option_replaces_the_found_vocabulary(tmp_path):
     assert transformers.GenerationConfig.from_pretrained(tmp_path / "out").eos_token_id == 21
 
 
+def test_a_missing_vocabulary_is_never_silent(tmp_path, capsys):
+    """No vocabulary beside the weights: a warning; where a tokenizer_config.json promises a tokenizer, an error
+    unless --no-tokenizer says to write none."""
+    assert convert(FIXTURES / "xlnet_classifier", tmp_path / "classifier", "--from", "hf-legacy") == 0
+    warning = "warning: the output has no tokenizer: no vocabulary beside the source (spiece.model, tokenizer.json)"
+    assert warning in capsys.readouterr().err
+
+    source = tmp_path / "source"
+    shutil.copytree(FIXTURES / "transfo_xl_lm", source)
+    (source / "vocab.pkl").unlink()
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy") == 1
+    error = capsys.readouterr().err
+    assert f"error: {source / 'tokenizer_config.json'} describes a tokenizer, but its vocabulary is missing" in error
+    assert "--no-tokenizer" in error and not (tmp_path / "out").exists()
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy", "--no-tokenizer") == 0
+    assert not any(p.name.startswith("tokenizer") for p in (tmp_path / "out").iterdir())
+    assert "--no-tokenizer" in (tmp_path / "out" / "README.md").read_text()  # (the command, as run)
+    with pytest.raises(SystemExit):  # (argparse: not allowed with)
+        convert(source, tmp_path / "other", "--from", "hf-legacy", "--no-tokenizer", "--vocab", source / "x.txt")
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_sharded_output_loads(tmp_path):
     output = tmp_path / "out"
     assert convert(FIXTURES / "transfo_xl_lm", output, "--from", "hf-legacy", "--max-shard-size", "10KB") == 0
@@ -208,13 +230,25 @@ def test_damaged_or_unsafe_vocabularies_are_refused_by_name(tmp_path, capsys):
     (tmp_path / "spiece.model").write_bytes((FIXTURES / "xlnet_lm" / "spiece.model").read_bytes()[:100])
     (tmp_path / "vocab.txt").write_bytes(b"\xff\xfe not utf-8")
     cases = [("transfo_xl_lm", "vocab.pkl", "references `posix.system`"), ("xlnet_lm", "spiece.model", "ModelProto"),
-             ("transfo_xl_lm", "vocab.txt", "can't decode")]  # fmt: skip
+             ("transfo_xl_lm", "vocab.txt", "is not UTF-8 text: byte 0xff at byte offset 0")]  # fmt: skip
     for name, vocab, reason in cases:
         assert convert(FIXTURES / name, tmp_path / "out", "--from", "hf-legacy", "--vocab", tmp_path / vocab) == 1
         error = capsys.readouterr().err
         assert f"Cannot read the vocabulary {tmp_path / vocab}" in error and reason in error, error
     assert not marker.exists() and not (tmp_path / "out").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spiece.model", "vocab.pkl", "vocab.txt"]
+
+
+def test_a_bin_whose_pickle_would_run_code_is_refused_saying_so(tmp_path, capsys):
+    source, marker = tmp_path / "source", tmp_path / "executed"
+    shutil.copytree(FIXTURES / "transfo_xl_lm", source)
+    state = torch.load(source / "pytorch_model.bin", weights_only=True)
+    torch.save({**state, "payload": RunsCode(marker)}, source / "pytorch_model.bin")
+    assert convert(source, tmp_path / "out", "--from", "hf-legacy") == 1
+    error = capsys.readouterr().err
+    assert "refused: loading it would run code (the pickle refers to posix.system)" in error, error
+    assert "weights_only" not in error and "damaged" not in error
+    assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name, released, message", [

@@ -228,6 +228,27 @@ def test_loss_ignores_minus_100_and_honours_num_items_in_batch():
     torch.testing.assert_close(model(ids, labels=ids).losses, gathered, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("head", ["lm", "sequence classification"])
+def test_a_batch_with_nothing_to_predict_has_zero_loss_and_zero_gradients(head):
+    """Every label -100 (also when Trainer counts 0 labels in the whole step): a loss of 0, not 0 / 0 = NaN, which
+    an optimizer step would write into every weight."""
+    torch.manual_seed(0)
+    if head == "lm":
+        model, labels = TransfoXLLMHeadModel(tiny_config()), torch.full((2, 6), -100)
+        counts = [None, 0, torch.tensor(0)]  # (the classification head takes no num_items_in_batch)
+    else:
+        model, labels = TransfoXLForSequenceClassification(tiny_config(num_labels=3)), torch.full((2,), -100)
+        counts = [None]
+    for count in counts:
+        model.zero_grad()
+        extra = {} if count is None else {"num_items_in_batch": count}
+        loss = model(random_ids(2, 6), labels=labels, **extra).loss
+        loss.backward()
+        assert loss.item() == 0.0
+        gradients = [p.grad for p in model.parameters() if p.grad is not None]
+        assert gradients and all(not g.any() for g in gradients)
+
+
 def test_sampled_softmax_trains_and_evaluates_with_the_full_softmax():
     model = tiny_lm(sample_softmax=16, div_val=1, cutoffs=[]).train()
     ids = random_ids(2, 6)

@@ -537,6 +537,34 @@ def test_trainer_gradient_accumulation_equals_full_batch(class_name, trainer_ste
         assert torch.allclose(full[name], accumulated[name], atol=1e-6, rtol=1e-4), name
 
 
+NOTHING_TO_PREDICT = {  # labels that are all ignored (-100; QA: answers past the end of the window)
+    "XLNetLMHeadModel": {"labels": torch.full((2, 7), -100)},
+    "XLNetForSequenceClassification": {"labels": torch.full((2,), -100)},
+    "XLNetForTokenClassification": {"labels": torch.full((2, 7), -100)},
+    "XLNetForMultipleChoice": {"input_ids": ids(6, 7).view(2, 3, 7), "labels": torch.full((2,), -100)},
+    "XLNetForQuestionAnsweringSimple": {"start_positions": torch.tensor([7, 9]), "end_positions": torch.tensor([8, 7])},
+}
+
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 0, torch.tensor(0)])
+@pytest.mark.parametrize("class_name", list(NOTHING_TO_PREDICT))
+def test_a_batch_with_nothing_to_predict_has_zero_loss_and_zero_gradients(class_name, num_items_in_batch):
+    """Not 0 / 0 = NaN, which an optimizer step would write into every weight (Trainer passes a count of 0 when
+    no micro-batch of the step has a label)."""
+    if num_items_in_batch is not None and not getattr(ours, class_name).accepts_loss_kwargs:
+        pytest.skip("Trainer passes num_items_in_batch only to heads that take it")
+    _, model = make_pair(class_name)
+    model.train()
+    inputs = {"input_ids": ids(2, 7), **NOTHING_TO_PREDICT[class_name]}
+    if num_items_in_batch is not None:
+        inputs["num_items_in_batch"] = num_items_in_batch
+    loss = model(**inputs).loss
+    loss.backward()
+    assert loss.item() == 0.0
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    assert gradients and all(not g.any() for g in gradients)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     _, model = make_pair("XLNetLMHeadModel", n_layer=3)
     perm_mask, target_mapping = plm_inputs(2, 8, 3)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import transformers_xl.modeling.modeling_xlnet as ours
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+from greedy_decoding import assert_greedy_decodings_agree
 from weights import peaked
 
 PAD = 5
@@ -197,10 +198,14 @@ def test_generated_tokens_equal_transformers(data, seed):
     actual = model.generate(prompt, **settings)
     parts = [prompt] if values["attn_type"] == "bi" else prompt.split(1)
     expected = [reference.generate(part, **settings) for part in parts]
-    assert torch.equal(actual.sequences, torch.cat([out.sequences for out in expected]))
-    for step, ours_logits in enumerate(actual.logits):
-        their_logits = torch.cat([out.logits[step] for out in expected])
-        torch.testing.assert_close(ours_logits, their_logits, atol=ATOL, rtol=1e-4)
+    their_sequences = torch.cat([out.sequences for out in expected])
+    their_logits = [torch.cat(step) for step in zip(*(out.logits for out in expected))]
+    if strategy:  # beams: rows of the logits are beams, whose order the tokens decide; compared exactly
+        assert torch.equal(actual.sequences, their_sequences)
+        for ours_logits, theirs in zip(actual.logits, their_logits, strict=True):
+            torch.testing.assert_close(ours_logits, theirs, atol=ATOL, rtol=1e-4)
+    else:
+        assert_greedy_decodings_agree(actual.sequences, actual.logits, their_sequences, their_logits, ATOL, 1e-4)
 
 
 # Padding is masked out as keys and positions are relative, so left padding changes nothing for the real tokens,
@@ -243,6 +248,4 @@ def test_uni_same_length_generation_with_a_memory_equals_transformers(mem_len, r
         max_new_tokens=4, do_sample=False, mems=mems, use_mems=True, return_dict_in_generate=True, output_logits=True
     )
     actual, expected = model.generate(prompt, **settings), reference.generate(prompt, **settings)
-    assert torch.equal(actual.sequences, expected.sequences)
-    for ours_logits, their_logits in zip(actual.logits, expected.logits):
-        torch.testing.assert_close(ours_logits, their_logits, atol=ATOL, rtol=1e-4)
+    assert_greedy_decodings_agree(actual.sequences, actual.logits, expected.sequences, expected.logits, ATOL, 1e-4)

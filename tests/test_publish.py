@@ -107,10 +107,12 @@ def test_force_replaces_only_a_folder_we_wrote_and_says_so(tmp_path):
     assert (output / "run").read_text() == "second" and names(tmp_path) == ["out"]
     assert said == [f"replaced {output} (a folder written by transformers-xl)"]
 
-    for not_ours in ("no marker", "no weights", "a file"):
+    for not_ours in ("no marker", "no weights", "a file", "a link to ours"):
         theirs = tmp_path / not_ours
         if not_ours == "a file":
             theirs.write_text("data")
+        elif not_ours == "a link to ours":
+            theirs.symlink_to(output)
         else:
             theirs.mkdir()
             (theirs / ("config.json" if not_ours == "no weights" else "model.safetensors")).write_text("data")
@@ -119,6 +121,7 @@ def test_force_replaces_only_a_folder_we_wrote_and_says_so(tmp_path):
         with pytest.raises(OutputError, match="is not a folder written by transformers-xl"):
             StagingFolder(theirs, force=True).__enter__()
         assert (theirs.read_text() if theirs.is_file() else names(theirs)) == before
+    assert (tmp_path / "a link to ours").is_symlink()
 
 
 def test_output_that_changes_before_force_replaces_it_is_kept(tmp_path):
@@ -186,9 +189,11 @@ def test_a_staging_folder_whose_pid_was_reused_is_stale(tmp_path):
     stale.mkdir()
     mine = tmp_path / f".out.{publish._owner()}.def456.partial"
     mine.mkdir()
+    other_output = tmp_path / f".out.v2.{publish._host()}-{os.getpid()}-1.abc123.partial"  # (OUTPUT out.v2's)
+    other_output.mkdir()
     said = []
     publish.check_output(tmp_path / "out", force=False, say=said.append)
-    assert names(tmp_path) == [mine.name]
+    assert names(tmp_path) == sorted([mine.name, other_output.name])
     assert said == [f"removed {stale}, left by process {os.getpid()}, which no longer runs"]
 
 

@@ -8,6 +8,7 @@ import pytest
 from test_hub_export import LEGACY, hub  # noqa: F401  (the recording endpoint, a pytest fixture)
 
 from transformers_xl.cli import main
+from transformers_xl.conversion.publish import MARKER
 
 
 @pytest.fixture(scope="module")
@@ -17,12 +18,19 @@ def converted(tmp_path_factory):
     return folder
 
 
+def uploaded(folder):
+    """Every file of the folder but the converter's own marker (which stays local)."""
+    files = [path for path in folder.iterdir() if path.name != MARKER]
+    assert {"model.safetensors", "config.json", "modeling_xlnet.py", "tokenizer.json"} <= {p.name for p in files}
+    return files
+
+
 def test_dry_run_lists_every_file_and_sends_nothing(converted, hub, capsys):  # noqa: F811
     assert main(["push", str(converted), "org/tiny", "--revision", "v1", "--dry-run"]) == 0
     assert hub == []
     listing = capsys.readouterr().out
     assert "commit to branch v1" in listing
-    for path in converted.iterdir():
+    for path in uploaded(converted):
         assert f"org/tiny/blob/v1/{path.name} ({path.stat().st_size} bytes)" in listing
 
 
@@ -33,7 +41,7 @@ def test_push_uploads_the_converted_folder_in_one_commit(converted, hub):  # noq
     commits = [body for _, path, body in hub if "/commit/" in path]
     assert len(commits) == 1
     lines = [json.loads(line) for line in commits[0].decode().splitlines()]
-    assert {line["value"]["path"] for line in lines if line["key"] == "file"} == {p.name for p in converted.iterdir()}
+    assert {line["value"]["path"] for line in lines if line["key"] == "file"} == {p.name for p in uploaded(converted)}
 
 
 def broken(folder, tmp_path, damage):
@@ -77,3 +85,9 @@ def test_a_failed_push_says_so(converted, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     assert main(["push", str(converted), "org/tiny"]) == 1
     assert f"pushing {converted} to org/tiny failed" in capsys.readouterr().err
+
+
+def test_convert_onto_an_existing_folder_with_push_to_points_at_push(converted, capsys):
+    command = ["convert", str(LEGACY / "xlnet_lm"), str(converted), "--from", "hf-legacy", "--push-to", "org/tiny"]
+    assert main(command) == 1
+    assert f"without converting again: transformers-xl push {converted} org/tiny" in capsys.readouterr().err

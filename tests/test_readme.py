@@ -71,6 +71,8 @@ def placeholders(tmp_path_factory):
     make_transfo_xl_folder(transfo_xl)
     return {
         "path/to/transfo-xl-wt103": transfo_xl,
+        "transfo-xl/transfo-xl-wt103": transfo_xl,
+        "path/to/my-text.txt": FIXTURES / "tokenizer" / "corpus.txt",  # 1,100 lines of prose, numbers, punctuation
         "xlnet/xlnet-base-cased": FIXTURES / "hf_legacy" / "xlnet_lm",  # a transformers XLNet LM with spiece.model
         "path/to/transformers-4.x-finetuned-folder": FIXTURES / "hf_legacy" / "xlnet_classifier",
     }
@@ -84,7 +86,7 @@ def substitute(code: str, placeholders: dict) -> str:
 
 
 def test_the_pages_have_python_blocks_and_counted_skips():
-    assert len([block for block in BLOCKS if not block[3]]) >= 5
+    assert len([block for block in BLOCKS if not block[3]]) >= 7
     for page in PAGES:
         name = page_name(page)
         reasons = [reason for page_of, _, _, reason in BLOCKS if page_of == name and reason]
@@ -107,3 +109,32 @@ def test_readme_block_runs(page, line, code, placeholders, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, f"{page} line {line}:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s#]+\.(?:md|png))(?:#(?P<anchor>[^)\s]+))?\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    headings = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_links_between_the_pages_resolve(page):
+    """Every relative link of a page names a file that exists, and a heading of it where it names an anchor."""
+    for link in LINK.finditer(page.read_text(encoding="utf-8")):
+        target = (page.parent / link["target"]).resolve()
+        assert target.is_file(), f"{page_name(page)}: broken link {link[0]}"
+        if link["anchor"]:
+            assert link["anchor"] in anchors(target), f"{page_name(page)}: no heading for {link[0]}"
+
+
+def test_ci_runs_the_readmes_two_commands():
+    """.ci/run runs the README's install-and-demo command (the demo with --quick) and its test command, as written."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    install, test = blocks[0].strip(), blocks[1].strip()
+    assert install.endswith("transformers-xl demo") and test == "HF_HUB_OFFLINE=1 python -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert install + " --quick" in ci and test in ci

@@ -345,6 +345,32 @@ def test_from_corpus_orders_special_then_frequency_with_min_freq_and_max_size(tm
     assert capped("a b")["input_ids"] == [2, 1, 0]
 
 
+def test_a_corpus_that_is_not_utf8_is_refused_naming_the_file_and_the_byte(tmp_path):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("the first line\nthe café is open\n".encode("latin-1"))  # é is byte 0xe9, offset 22
+    for read in (lambda: TransfoXLTokenizer.from_corpus(corpus), lambda: TransfoXLTokenizer(vocab_file=str(corpus))):
+        with pytest.raises(ValueError, match=rf"{corpus} is not UTF-8 text: byte 0xe9 at byte offset 22 \(line 2\)"):
+            read()
+
+
+@pytest.mark.parametrize(
+    "call, where",
+    [
+        (lambda t: t("caf\udce9 ok"), "text"),
+        (lambda t: t(["fine", "caf\udce9 ok"]), r"text\[1\]"),
+        (lambda t: t("fine", "caf\udce9 ok"), "text_pair"),
+        (lambda t: t([["fine", "caf\udce9"]], is_split_into_words=True), r"text\[0\]\[1\]"),
+        (lambda t: t.tokenize("caf\udce9 ok"), "text"),
+        (lambda t: t.encode("caf\udce9 ok"), "text"),
+    ],
+)
+def test_text_that_is_not_valid_unicode_is_a_value_error_saying_where(tokenizer, call, where):
+    """A lone surrogate (what errors="surrogateescape" makes of the Latin-1 byte 0xe9) is named, with its index,
+    rather than the `tokenizers` library's TypeError about input types."""
+    with pytest.raises(ValueError, match=rf"{where} is not valid Unicode: .*U\+DCE9 \(the byte 0xe9 .*at index 3"):
+        call(tokenizer)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Batches
 # --------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import TrainingArguments
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 from transformers_xl.training import MemoryTrainer, TextStream
@@ -107,23 +110,39 @@ def test_evaluation_has_its_own_memory_and_leaves_trainings_alone(tmp_path):
     assert_chained(recorder.calls[2:5]) and assert_chained(recorder.calls[7:10])  # each evaluation starts empty
 
 
-def manual_eval_loss(model, data):
-    """Mean NLL over every predicted token of `data`, segment after segment with the memory, by hand."""
+def original_eval_loss(model, token_ids, num_rows, lengths):
+    """The original `eval.py` loop written out on the same weights: `LMOrderedIterator` cuts the ids into
+    `num_rows` rows (tail dropped) and serves `data = x[i:i+L]`, `target = x[i+1:i+1+L]` with L = min(bptt,
+    n_step - 1 - i); the memory is carried; loss = sum(seq_len x segment mean NLL) / sum(seq_len). The NLL is read
+    from the model's log-probabilities (no labels passed: not the loss code under test)."""
     model.eval()
-    total, count, mems = 0.0, 0, None
+    n_step = len(token_ids) // num_rows
+    rows = torch.as_tensor(token_ids)[: n_step * num_rows].view(num_rows, n_step)
+    total_loss, total_len, mems, i = 0.0, 0, None, 0
     with torch.no_grad():
-        for segment in range(data.num_segments):
-            ids = torch.stack([data[segment * data.num_rows + row]["input_ids"] for row in range(data.num_rows)])
-            out = model(input_ids=ids, labels=ids, mems=mems)
-            total, count, mems = total + out.losses.sum().item(), count + out.losses.numel(), out.mems
-    return total / count
+        for bptt in lengths:
+            if i >= n_step - 1:
+                break
+            seq_len = min(bptt, n_step - 1 - i)
+            data, target = rows[:, i : i + seq_len], rows[:, i + 1 : i + 1 + seq_len]
+            out = model(input_ids=data, mems=mems)
+            segment_mean = -out.logits.gather(2, target[..., None]).mean().item()
+            total_loss, total_len, mems, i = total_loss + seq_len * segment_mean, total_len + seq_len, out.mems, i + seq_len
+    assert i == n_step - 1  # every token of a row but its first was a target
+    return total_loss / total_len
 
 
-def test_evaluation_reports_token_weighted_loss_perplexity_and_bits(tmp_path):
-    held_out = stream(length=2 * 100, varlen=True, seed=2)  # segments of different lengths
+@pytest.mark.parametrize("varlen", [False, True])
+def test_evaluation_reports_the_original_protocols_loss_perplexity_and_bits(tmp_path, varlen):
+    """`eval_loss` is eval.py's loss on the same weights; with varlen the segments have different lengths (the
+    original's loop given the same lengths)."""
+    ids = torch.randint(VOCAB, (2 * 100 + 1,), generator=torch.Generator().manual_seed(2))
+    held_out = TextStream(ids, num_rows=2, seq_len=6, varlen=varlen, seed=2)
     model = tiny_lm()
     metrics = MemoryTrainer(model=model, args=training_args(tmp_path), eval_dataset=held_out).evaluate()
-    expected = manual_eval_loss(model, held_out)
+    lengths = [end - start for start, end in zip(held_out.starts, held_out.ends)]
+    assert varlen == (len(set(lengths[:-1])) > 1)
+    expected = original_eval_loss(model, ids, 2, lengths if varlen else [6] * 100)
     assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-6)
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(expected), rel=1e-6)
     assert metrics["eval_bits_per_token"] == pytest.approx(expected / math.log(2), rel=1e-6)
@@ -166,6 +185,27 @@ def test_resume_continues_the_same_streams_with_the_same_memory(tmp_path):
         for name in ("mems_in", "mems_out"):
             for a, b in zip(again[name], original[name], strict=True):
                 assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("untied_before_resume", [False, True])
+def test_resume_restores_the_tied_output_layer_without_a_missing_keys_warning(tmp_path, untied_before_resume):
+    """save_pretrained leaves the output layer out of the checkpoint: it is the embedding table's own tensor. A
+    resume restores it with the embedding, tied (again, if something untied it), and warns of no missing key."""
+    data = stream()
+    MemoryTrainer(model=tiny_lm(), args=training_args(tmp_path, max_steps=2, save_steps=2, save_strategy="steps"),
+                  train_dataset=data).train()  # fmt: skip
+    checkpoint = tmp_path / "checkpoint-2"
+    saved = load_file(checkpoint / "model.safetensors")
+    assert "crit.out_layers.0.weight" not in saved
+    model = tiny_lm(seed=1)
+    if untied_before_resume:
+        model.crit.out_layers[0].weight = torch.nn.Parameter(model.crit.out_layers[0].weight.detach().clone())
+    trainer = MemoryTrainer(model=model, args=training_args(tmp_path, max_steps=2), train_dataset=data)
+    with CaptureLogger(logging.get_logger("transformers.trainer")) as log:
+        trainer.train(resume_from_checkpoint=str(checkpoint))  # (no step left: the weights are the checkpoint's)
+    assert "missing keys" not in log.out
+    assert model.crit.out_layers[0].weight is model.transformer.word_emb.emb_layers[0].weight
+    assert torch.equal(model.crit.out_layers[0].weight, saved["transformer.word_emb.emb_layers.0.weight"])
 
 
 def test_a_stream_with_the_wrong_number_of_rows_is_refused(tmp_path):

@@ -25,16 +25,21 @@ def rows_read_by(stream, rank, processes, batch_size, split_batches=False):
     return {int(parts[0][0]): torch.cat(parts) for parts in read.values()}
 
 
-def test_rows_are_contiguous_and_segments_follow_each_other():
+def test_rows_are_contiguous_and_each_segment_predicts_across_its_end():
+    """The original `LMOrderedIterator`: data x[i:i+L], target x[i+1:i+1+L]; every token of a row but its first is
+    a target exactly once, the last segment one token shorter."""
     ids = torch.arange(103)
     stream = TextStream(ids, num_rows=4, seq_len=7)
     assert stream.rows.shape == (4, 25)  # the 3 tokens that do not fill every row are dropped
     for row in range(4):
-        segments = [stream[s * 4 + row]["input_ids"] for s in range(stream.num_segments)]
-        assert [len(s) for s in segments] == [7, 7, 7, 4]
-        assert torch.equal(torch.cat(segments), ids[row * 25 : (row + 1) * 25])
-    item = stream[5]
-    assert torch.equal(item["input_ids"], item["labels"]) and item["labels"] is not item["input_ids"]
+        items = [stream[s * 4 + row] for s in range(stream.num_segments)]
+        assert [len(item["input_ids"]) for item in items] == [7, 7, 7, 3]
+        assert all(set(item) == {"input_ids", "shift_labels"} for item in items)
+        row_ids = ids[row * 25 : (row + 1) * 25]
+        assert torch.equal(torch.cat([item["input_ids"] for item in items]), row_ids[:-1])
+        assert torch.equal(torch.cat([item["shift_labels"] for item in items]), row_ids[1:])
+        for item in items:
+            assert torch.equal(item["shift_labels"], item["input_ids"] + 1)  # position t predicts the next token
 
 
 @pytest.mark.parametrize("split_batches", [False, True])
@@ -47,7 +52,7 @@ def test_two_ranks_read_disjoint_contiguous_rows(split_batches):
     assert sorted(read[0]) == [0, 100, 200] and sorted(read[1]) == [300, 400, 500]
     for rank_rows in read:
         for first, tokens in rank_rows.items():
-            assert torch.equal(tokens, torch.arange(first, first + 100))
+            assert torch.equal(tokens, torch.arange(first, first + 99))  # (the row's last token is only a target)
 
 
 def segment_lengths(stream):
@@ -63,14 +68,17 @@ def test_varlen_lengths_vary_are_reproducible_and_cover_the_rows():
     assert lengths != segment_lengths(TextStream(ids, 2, 20, varlen=True, seed=4))
     for row in range(2):
         tokens = torch.cat([stream[s * 2 + row]["input_ids"] for s in range(stream.num_segments)])
-        assert torch.equal(tokens, ids[row * 2000 : (row + 1) * 2000])
+        targets = torch.cat([stream[s * 2 + row]["shift_labels"] for s in range(stream.num_segments)])
+        assert torch.equal(tokens, ids[row * 2000 : (row + 1) * 2000 - 1])
+        assert torch.equal(targets, ids[row * 2000 + 1 : (row + 1) * 2000])
 
 
-def test_a_last_segment_of_one_token_is_dropped():
-    stream = TextStream(torch.arange(22), num_rows=2, seq_len=5)  # rows of 11: 5 + 5 + 1
-    assert stream.num_segments == 2 and len(stream) == 4
+def test_a_last_segment_of_one_token_predicts_the_rows_last_token():
+    stream = TextStream(torch.arange(24), num_rows=2, seq_len=5)  # rows of 12: 11 predictions, 5 + 5 + 1
+    assert stream.num_segments == 3 and len(stream) == 6
+    assert stream[5]["input_ids"].tolist() == [22] and stream[5]["shift_labels"].tolist() == [23]
     with pytest.raises(IndexError):
-        stream[4]
+        stream[6]
 
 
 @pytest.mark.parametrize(

@@ -90,15 +90,41 @@ def read_pickled_vocab(path) -> dict:
     return content
 
 
+def text_lines(path) -> Iterable[str]:
+    """The lines of a UTF-8 text file. One that is not UTF-8 raises a ValueError naming the file and where its first
+    undecodable byte lies (Python's own UnicodeDecodeError names neither the file nor a position in it)."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            yield from lines
+    except UnicodeDecodeError as error:
+        raise ValueError(_not_utf8(path, error)) from None
+
+
+def _not_utf8(path, error: UnicodeDecodeError) -> str:
+    """Where `path` stops being UTF-8: read again as bytes, line by line (no UTF-8 sequence holds a newline byte)."""
+    offset = 0
+    with open(path, "rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as line_error:
+                return (
+                    f"{path} is not UTF-8 text: byte 0x{line[line_error.start]:02x} at byte offset "
+                    f"{offset + line_error.start} (line {number}): {line_error.reason}. Convert the file to UTF-8 "
+                    "first (for example with iconv)."
+                )
+            offset += len(line)
+    return f"{path} is not UTF-8 text: {error}."
+
+
 def read_symbol_file(path) -> list[str]:
     """An original-code `vocab.txt`: the first whitespace-separated column of every line, duplicates dropped."""
     symbols = {}
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            columns = line.split()
-            if not columns:
-                raise ValueError(f"{path}, line {number}: empty line in a vocabulary file.")
-            symbols.setdefault(columns[0], None)
+    for number, line in enumerate(text_lines(path), start=1):
+        columns = line.split()
+        if not columns:
+            raise ValueError(f"{path}, line {number}: empty line in a vocabulary file.")
+        symbols.setdefault(columns[0], None)
     return list(symbols)
 
 

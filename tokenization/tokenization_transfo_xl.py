@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, processors
 from tokenizers.models import WordLevel
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-from .legacy_vocab import build_vocab, read_legacy_vocab, split_symbols, unknown_symbol
+from .legacy_vocab import build_vocab, read_legacy_vocab, split_symbols, text_lines, unknown_symbol
 from .moses_pipeline import moses_decoder, moses_normalizer, moses_pre_tokenizer
 
 VOCAB_FILES_NAMES = {
@@ -136,7 +136,7 @@ class TransfoXLTokenizer(TokenizersBackend):
         is `from_corpus(wiki.train.tokens, special=["<eos>"], tokenized=True)` (its `<unk>` comes from the text).
         """
         paths = [paths] if isinstance(paths, (str, PathLike)) else paths
-        lines = (line for path in paths for line in _lines(path))
+        lines = (line for path in paths for line in text_lines(path))
         if tokenized:
             symbol_lines = (split_symbols(line, lower_case, add_eos) for line in lines)
         else:
@@ -145,6 +145,18 @@ class TransfoXLTokenizer(TokenizersBackend):
             symbol_lines = (pipeline_words(splitter, line, add_eos) for line in lines)
         vocab = build_vocab(symbol_lines, special, min_freq, max_size)
         return cls(vocab=vocab, lower_case=lower_case, add_eos=add_eos, **kwargs)
+
+    def _encode_plus(self, text, text_pair=None, *args, **kwargs):
+        """transformers' encoding; a `str` that is not valid Unicode (a lone surrogate, as `errors="surrogateescape"`
+        leaves for an undecodable byte) is a ValueError saying where, instead of the `tokenizers` library's TypeError
+        about input types. Looked for only once that error came: valid text pays nothing."""
+        try:
+            return super()._encode_plus(text, text_pair, *args, **kwargs)
+        except TypeError:
+            problem = _invalid_unicode(text, "text") or _invalid_unicode(text_pair, "text_pair")
+            if problem is None:
+                raise
+            raise ValueError(f"{type(self).__name__}: {problem}") from None
 
     @property
     def lower_case(self) -> bool:
@@ -220,9 +232,26 @@ def pipeline_words(tokenizer: Tokenizer, line: str, add_eos: bool = False) -> li
     return [*words, "<eos>"] if add_eos else words
 
 
-def _lines(path):
-    with open(path, encoding="utf-8") as lines:
-        yield from lines
+def _invalid_unicode(value, name: str) -> str | None:
+    """What is wrong with the first string in `value` (a string or nested lists / tuples of them) that cannot be
+    encoded as UTF-8, or None."""
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (_invalid_unicode(item, f"{name}[{i}]") for i, item in enumerate(value))), None)
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        character = ord(value[error.start])
+        escaped = ""
+        if 0xDC80 <= character <= 0xDCFF:  # what errors="surrogateescape" makes of an undecodable byte
+            escaped = f" (the byte 0x{character - 0xDC00:02x} escaped by errors='surrogateescape')"
+        return (
+            f"{name} is not valid Unicode: it holds the lone surrogate U+{character:04X}{escaped} at index "
+            f"{error.start} ({value[max(0, error.start - 10) : error.start]!r} precedes it). Decode the bytes with "
+            "their real encoding, or with errors='replace'."
+        )
+    return None
 
 
 __all__ = ["TransfoXLTokenizer"]

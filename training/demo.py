@@ -36,6 +36,7 @@ from transformers.trainer_callback import ProgressCallback
 from ..conversion.remote_code import full_auto_map
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
+from .arguments import positive_float, positive_int
 from .memory_trainer import MemoryTrainer
 from .streams import TextStream
 
@@ -58,33 +59,13 @@ SAMPLE_PROMPT = "import os\n\n\ndef "
 SAMPLE_LENGTH = 300
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def add_arguments(parser):
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="a tiny run that finishes in well under a minute")
     parser.add_argument("--output-dir", default="transformers-xl-demo", help="where to write (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the training (default: 0)")
     parser.add_argument(
-        "--threads", type=_positive, default=None,
+        "--threads", type=positive_int, default=None,
         help="CPU threads for torch (default: torch's choice, one per core); on a machine busy with other work, 1 "
         "(or OMP_WAIT_POLICY=PASSIVE in the environment) avoids threads spinning while they wait for a core",
     )  # fmt: skip
@@ -102,7 +83,7 @@ def add_arguments(parser):
         "speed_chars": "held-out characters predicted by each side of the speed comparison",
     }
     for name, text in help_text.items():
-        kind = _positive_float if isinstance(DEFAULTS[name], float) else _positive
+        kind = positive_float if isinstance(DEFAULTS[name], float) else positive_int
         numbers.add_argument(
             f"--{name.replace('_', '-')}", type=kind, default=None, help=f"{text} ({DEFAULTS[name]} / {QUICK[name]})"
         )
@@ -124,8 +105,6 @@ def settings_from(args) -> dict:
         )
     if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
         raise ValueError(f"--output-dir {args.output_dir} is a file; expected a folder (it is created if missing).")
-    if settings["segment_len"] < 2:
-        raise ValueError(f"--segment-len must be at least 2 (a segment predicts its own characters), got {settings['segment_len']}.")
     return settings
 
 

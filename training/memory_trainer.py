@@ -50,7 +50,8 @@ class MemoryTrainer(Trainer):
         trainer.evaluate()  # eval_loss (nats per predicted token), eval_perplexity, eval_bits_per_token
 
     `eval_loss` is the mean over every predicted token of the eval stream (Trainer's own is a mean of batch
-    means); for a character-level model `eval_bits_per_token` is bits per character.
+    means): with a `TextStream`, exactly the original `eval.py`'s loss; for a character-level model
+    `eval_bits_per_token` is bits per character.
     """
 
     def __init__(self, *args, **kwargs):
@@ -125,14 +126,43 @@ class MemoryTrainer(Trainer):
             self._warned_no_mems = True
         self._memory[self._mode] = None if new_mems is None else tuple(mem.detach() for mem in new_mems)
         if self._mode == "eval":
-            count = self._predicted_tokens(inputs["labels"])
+            count = self._predicted_tokens(inputs)
             self._eval_totals += torch.stack([loss.detach().double() * count, count.double()])
         return (loss, outputs) if return_outputs else loss
 
-    def _predicted_tokens(self, labels):
-        """How many tokens the loss averaged over: causal LMs shift labels inside, so the first is never scored."""
-        labels = labels[..., 1:] if self._loss_shifts_labels else labels
+    def _predicted_tokens(self, inputs):
+        """How many tokens the loss averaged over: every `shift_labels` target that is not -100; of `labels`, a
+        causal LM (which shifts them inside) never scores the first."""
+        if "shift_labels" in inputs:
+            labels = inputs["shift_labels"]
+        else:
+            labels = inputs["labels"][..., 1:] if self._loss_shifts_labels else inputs["labels"]
         return labels.ne(-100).sum().to(self.args.device)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Trainer's, with a `TextStream` batch's `shift_labels` as its labels: Trainer looks for the model's label
+        arguments (`labels`) and, finding none, would skip the loss (and so the memory)."""
+        label_names = self.label_names
+        if "shift_labels" in inputs and self.args.label_names is None:
+            self.label_names = ["shift_labels"]
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        finally:
+            self.label_names = label_names
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        """Trainer's count of the targets of the accumulated micro-batches (so that their loss is the mean over all
+        of them), which it takes only from batches with `labels`: `TextStream` batches have `shift_labels` only."""
+        if batch_samples and "labels" not in batch_samples[0] and "shift_labels" in batch_samples[0]:
+            batch_samples = [{**batch, "labels": batch["shift_labels"]} for batch in batch_samples]
+        return super()._get_num_items_in_batch(batch_samples, device)
+
+    def _set_signature_columns_if_needed(self):
+        """Keep `shift_labels` (`TextStream`'s targets) with `remove_unused_columns`: the LM heads take it through
+        `**kwargs`, as transformers' own models do, so it is not among their named arguments."""
+        super()._set_signature_columns_if_needed()
+        if "shift_labels" not in self._signature_columns:
+            self._signature_columns.append("shift_labels")
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):  # fmt: skip
@@ -168,6 +198,20 @@ class MemoryTrainer(Trainer):
         if resume_from_checkpoint and not self.args.ignore_data_skip:
             self._restored_memory = self._load_memory(resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    def _issue_warnings_after_load(self, load_result):
+        """Trainer reloads a checkpoint's weights with torch's `load_state_dict`, which lists as missing the tied
+        weights `save_pretrained` leaves out of the file (e.g. `crit.out_layers.0.weight`, the embedding table's own
+        tensor): they were restored with the weights they are tied to. Tie again, as `from_pretrained` does, and
+        warn only about the keys that are still missing (transformers' check expects `_keys_to_ignore_on_save`)."""
+        missing, tied = set(load_result.missing_keys), getattr(self.model, "all_tied_weights_keys", None) or {}
+        restorable = {key for key in missing if key in tied and tied[key] not in missing}
+        if restorable:
+            self.model.tie_weights()
+            parameters = dict(self.model.named_parameters(remove_duplicate=False))
+            restored = {key for key in restorable if parameters.get(key) is parameters.get(tied[key], False)}
+            load_result = load_result._replace(missing_keys=[k for k in load_result.missing_keys if k not in restored])
+        super()._issue_warnings_after_load(load_result)
 
     def _memory_file(self, checkpoint):
         return os.path.join(checkpoint, f"memory-rank{self.args.process_index}.safetensors")

@@ -3,9 +3,9 @@
 Transformer-XL trains with recurrence (Sec. 3.2): segment t+1 of a row attends to the memory of segment t of the
 same row, so every row must be one contiguous piece of text read front to back, and a batch row must stay the same
 row from step to step. `TextStream` does what the original `LMOrderedIterator` does (cut the stream into
-`num_rows` rows, a step takes the next `seq_len` tokens of every row; `varlen` draws the segment length per step
-like the original `--varlen`) as a map-style dataset, so Trainer's ordinary dataloader and accelerate's sharding
-serve it:
+`num_rows` rows, a step takes the next `seq_len` tokens of every row, each predicting the token after it; `varlen`
+draws the segment length per step like the original `--varlen`) as a map-style dataset, so Trainer's ordinary
+dataloader and accelerate's sharding serve it:
 
     item i = segment i // num_rows of row i % num_rows   ("step-major")
 
@@ -23,10 +23,12 @@ import torch
 class TextStream(torch.utils.data.Dataset):
     """`token_ids` (a 1-D sequence) cut into `num_rows` contiguous rows, served segment by segment.
 
-    Each item is `{"input_ids": segment, "labels": segment}` (causal LMs shift labels inside, so the segment
-    predicts its own tokens 2..L from the memory and tokens 1..L-1). Consecutive segments of a row are adjacent in
-    the text: segment t ends where segment t+1 starts. The tail that does not fill every row is dropped, as in
-    the original, and so is a last segment of one token (it has nothing to predict).
+    Each item is `{"input_ids": row[s:e], "shift_labels": row[s + 1:e + 1]}`: every position predicts the next
+    token, the last one the first token of the next segment, as the original's `LMOrderedIterator` does (`data =
+    x[i:i+L]`, `target = x[i+1:i+1+L]`). So every token of a row but its first is predicted exactly once, and the
+    last segment of a row is one token shorter than the rest of the row. Consecutive segments of a row are adjacent
+    in the text: segment t ends where segment t+1 starts. The tail that does not fill every row is dropped, as in
+    the original.
 
     `varlen=True` draws each step's length like the original `--varlen`: around `seq_len` (half of it 5% of the
     time) with a standard deviation of 5, clipped to [5, seq_len + 15]; all rows share the step's length, and the
@@ -51,11 +53,10 @@ class TextStream(torch.utils.data.Dataset):
         self.num_rows = num_rows
         self.seq_len = seq_len
         self.rows = token_ids[: num_rows * row_length].long().view(num_rows, row_length)
-        lengths = _varlen_lengths(row_length, seq_len, seed) if varlen else [seq_len] * math.ceil(row_length / seq_len)
+        predicted = row_length - 1  # positions 0 .. row_length - 2 predict tokens 1 .. row_length - 1
+        lengths = _varlen_lengths(predicted, seq_len, seed) if varlen else [seq_len] * math.ceil(predicted / seq_len)
         self.starts = [0, *itertools.accumulate(lengths[:-1])]
-        self.ends = [min(start + length, row_length) for start, length in zip(self.starts, lengths)]
-        if self.ends[-1] - self.starts[-1] < 2:
-            del self.starts[-1], self.ends[-1]
+        self.ends = [min(start + length, predicted) for start, length in zip(self.starts, lengths)]
 
     @property
     def num_segments(self) -> int:
@@ -69,15 +70,15 @@ class TextStream(torch.utils.data.Dataset):
         if not -len(self) <= index < len(self):
             raise IndexError(f"TextStream: index {index} out of range for {len(self)} items.")
         segment, row = divmod(index % len(self), self.num_rows)
-        tokens = self.rows[row, self.starts[segment] : self.ends[segment]]
-        return {"input_ids": tokens, "labels": tokens.clone()}
+        start, end = self.starts[segment], self.ends[segment]
+        return {"input_ids": self.rows[row, start:end], "shift_labels": self.rows[row, start + 1 : end + 1]}
 
 
-def _varlen_lengths(row_length: int, seq_len: int, seed: int) -> list[int]:
-    """Segment lengths covering a row, drawn as the original `get_varlen_iter` draws them."""
+def _varlen_lengths(positions: int, seq_len: int, seed: int) -> list[int]:
+    """Segment lengths covering `positions` positions, drawn as the original `get_varlen_iter` draws them."""
     generator = torch.Generator().manual_seed(seed)
     lengths, total = [], 0
-    while total < row_length:
+    while total < positions:
         bptt = seq_len if torch.rand((), generator=generator) < 0.95 else seq_len / 2
         length = int(torch.normal(float(bptt), 5.0, (), generator=generator))
         lengths.append(min(max(5, length), seq_len + 15))

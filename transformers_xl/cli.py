@@ -12,9 +12,10 @@ def _subcommands():
     """Imported on use, so `transformers-xl --help` stays quick and each job imports only what it needs."""
     from .conversion import cli as convert
     from .conversion import push
-    from .training import demo
+    from .deployment import cli as export
+    from .training import demo, evaluate, train
 
-    return {"convert": convert, "push": push, "demo": demo}
+    return {"convert": convert, "push": push, "export": export, "demo": demo, "evaluate": evaluate, "train": train}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,191 @@
+"""`transformers-xl evaluate`: the original eval.py's loss on the same weights and text (against the original code's
+own numbers on converted original checkpoints, and against eval.py's loop written out for other settings), the
+<unk> rate, the line ends, and one clear error line for each bad input."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, TransfoXLTokenizer, XLNetConfig, XLNetLMHeadModel
+from transformers_xl.cli import main
+
+ORIGINAL = Path(__file__).parent / "fixtures" / "original_pytorch"
+WORDS = [f"w{i}" for i in range(45)]
+VOCAB = ["<eos>", *WORDS, "<unk>", "<S>"]  # 48 symbols (the tokenizer adds <formula>: 49)
+
+
+def evaluate(*args) -> int:
+    return main(["evaluate", *map(str, args)])
+
+
+@pytest.mark.parametrize("case, vocab_size", [("div2_tied", 40), ("div1_untied_gpu", 36)])
+def test_equals_the_original_code_on_a_converted_original_checkpoint(case, vocab_size, tmp_path):
+    """The fixtures hold the original model's per-token NLL over 3 segments of 6 tokens x 2 rows (memory from
+    empty; div1_untied_gpu with same_length and clamp_len). The two rows written as one stream and evaluated with
+    2 rows of 18 tokens: 17 predictions per row, the first 17 of the original's 18."""
+    symbols = [*(f"w{i}" for i in range(vocab_size - 3)), "<eos>", "<formula>", "<unk>"]
+    (tmp_path / "vocab.txt").write_text("".join(f"{s}\n" for s in symbols))
+    model_dir = tmp_path / "model"
+    assert main(["convert", str(ORIGINAL / case / "model.pt"), str(model_dir), "--from", "original-pytorch",
+                 "--vocab", str(tmp_path / "vocab.txt")]) == 0  # fmt: skip
+    expected = load_file(ORIGINAL / case / "expected.safetensors")
+    (tmp_path / "text.txt").write_text(" ".join(symbols[i] for i in expected["input_ids"].reshape(-1).tolist()))
+    original_nll = torch.cat([expected["seg0.nll"], expected["seg1.nll"], expected["seg2.nll"]], dim=1)[:, :17]
+    report = tmp_path / "report.json"
+    assert evaluate(model_dir, tmp_path / "text.txt", "--batch-size", 2, "--tgt-len", 6, "--line-end", "none",
+                    "--json", report) == 0  # fmt: skip
+    result = json.loads(report.read_text())["results"][0]
+    assert result["loss"] == pytest.approx(original_nll.double().mean().item(), abs=1e-5)
+    assert result["predicted_tokens"] == 34 and result["unit"] == "character"
+    assert result["bits_per_character"] == pytest.approx(result["loss"] / math.log(2))
+
+
+def tiny_model_folder(folder, **config):
+    torch.manual_seed(0)
+    settings = dict(
+        vocab_size=49, cutoffs=[10, 30], div_val=2, d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32,
+        n_layer=2, mem_len=6, tgt_len=5, clamp_len=-1, same_length=False, dropout=0.0,
+    )  # fmt: skip
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**{**settings, **config}))
+    with torch.no_grad():  # weights large enough for the context (and so the memory settings) to matter
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(parameter.numel()))
+    model.save_pretrained(folder)
+    TransfoXLTokenizer(vocab=VOCAB).save_pretrained(folder)
+    return model.eval()
+
+
+def write_text(path, lines=40, seed=0, extra=""):
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(lines):
+        length = int(torch.randint(0, 9, (), generator=generator))
+        rows.append("  ".join(WORDS[i] for i in torch.randint(45, (length,), generator=generator).tolist()))
+    path.write_text("\n".join(rows) + extra + "\n")
+    return rows
+
+
+def eval_py(model, ids, batch_size, tgt_len, mem_len, clamp_len, same_length):
+    """The original eval.py written out: LMOrderedIterator's rows and segments (data x[i:i+L], target
+    x[i+1:i+1+L], L = min(tgt_len, n_step - 1 - i)), `reset_length` / `clamp_len` / `same_length` set, memory from
+    empty and passed as `mems`, total_loss += seq_len * segment mean; the NLL from the log-probabilities."""
+    config = model.config
+    config.mem_len, config.clamp_len, config.same_length = mem_len, clamp_len, same_length
+    config.zero_initial_mems = False  # (the original's memory starts empty)
+    n_step = len(ids) // batch_size
+    data = torch.tensor(ids[: n_step * batch_size]).view(batch_size, n_step)
+    total_loss, total_len, mems = 0.0, 0, None
+    with torch.no_grad():
+        for i in range(0, n_step - 1, tgt_len):
+            seq_len = min(tgt_len, n_step - 1 - i)
+            out = model(input_ids=data[:, i : i + seq_len], mems=mems)
+            target = data[:, i + 1 : i + 1 + seq_len]
+            loss = -out.logits.gather(2, target[..., None]).mean().item()
+            total_loss, total_len, mems = total_loss + seq_len * loss, total_len + seq_len, out.mems
+    return total_loss / total_len
+
+
+@pytest.mark.parametrize(
+    "options, settings",
+    [
+        ([], dict(batch_size=10, tgt_len=5, mem_len=6, clamp_len=-1, same_length=False)),  # the config's defaults
+        (["--batch-size", 3, "--tgt-len", 4, "--mem-len", 9, "--clamp-len", 2, "--same-length"],
+         dict(batch_size=3, tgt_len=4, mem_len=9, clamp_len=2, same_length=True)),
+        (["--batch-size", 2, "--tgt-len", 7, "--mem-len", 0], dict(batch_size=2, tgt_len=7, mem_len=0, clamp_len=-1,
+                                                                    same_length=False)),
+    ],
+)  # fmt: skip
+def test_equals_eval_py_written_out(tmp_path, options, settings):
+    """(The folder asks for transformers 4.x's zero memory at the start, as converted 4.x folders do: the protocol
+    starts empty all the same.)"""
+    model = tiny_model_folder(tmp_path / "model", zero_initial_mems=True)
+    lines = write_text(tmp_path / "test.txt")
+    ids = [VOCAB.index(symbol) for line in lines for symbol in [*line.split(), "<eos>"]]
+    report = tmp_path / "report.json"
+    assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--json", report, *options) == 0
+    output = json.loads(report.read_text())
+    assert {key: output["settings"][key] for key in settings} == settings and output["settings"]["line_end"] == "eos"
+    result = output["results"][0]
+    assert result["loss"] == pytest.approx(eval_py(model, ids, **settings), abs=1e-5)
+    n_step = len(ids) // settings["batch_size"]
+    assert result["predicted_tokens"] == (n_step - 1) * settings["batch_size"] and result["unit"] == "token"
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+    assert result["symbols"] == len(ids) - len(lines) and result["unk_rate"] == 0
+
+
+def test_bf16_is_close(tmp_path):
+    tiny_model_folder(tmp_path / "model")
+    write_text(tmp_path / "test.txt")
+    losses = []
+    for options in ([], ["--bf16"]):
+        assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--json", tmp_path / "r.json", *options) == 0
+        losses.append(json.loads((tmp_path / "r.json").read_text())["results"][0]["loss"])
+    assert losses[0] != losses[1] and losses[1] == pytest.approx(losses[0], rel=3e-2)
+
+
+def test_unknown_symbols_are_counted_apart_from_the_texts_own_unk(tmp_path, capsys):
+    tiny_model_folder(tmp_path / "model")
+    (tmp_path / "test.txt").write_text("w1 w2 novel <unk> w3\nW4 w5 <unk>\n" * 5)
+    assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--batch-size", 2, "--json", tmp_path / "r.json") == 0
+    result = json.loads((tmp_path / "r.json").read_text())["results"][0]
+    assert result["symbols"] == 40 and result["unknown_symbols"] == 10 and result["unk_rate"] == 0.25
+    assert "<unk> rate 25.0000%" in capsys.readouterr().out
+
+
+def test_double_eos_lines(tmp_path):
+    """lm1b: each line is `<S> ... <S>`, default when the tokenizer adds it."""
+    model = tiny_model_folder(tmp_path / "model")
+    tokenizer = TransfoXLTokenizer(vocab=VOCAB, add_double_eos=True)
+    tokenizer.save_pretrained(tmp_path / "model")
+    lines = write_text(tmp_path / "test.txt", seed=1)
+    ids = [VOCAB.index(symbol) for line in lines for symbol in ["<S>", *line.split(), "<S>"]]
+    assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--batch-size", 2, "--json", tmp_path / "r.json") == 0
+    output = json.loads((tmp_path / "r.json").read_text())
+    assert output["settings"]["line_end"] == "double-eos"
+    expected = eval_py(model, ids, batch_size=2, tgt_len=5, mem_len=6, clamp_len=-1, same_length=False)
+    assert output["results"][0]["loss"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_bad_input_gets_one_clear_line(tmp_path, capsys):
+    tiny_model_folder(tmp_path / "model")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "short.txt").write_text("w1 w2\nw3\n")
+    (tmp_path / "binary.txt").write_bytes(b"w1 \xff\xfe w2\n")
+    XLNetLMHeadModel(XLNetConfig(vocab_size=20, d_model=16, n_head=2, d_inner=16, n_layer=1)).save_pretrained(
+        tmp_path / "xlnet"
+    )
+    cases = [
+        ((tmp_path / "model", tmp_path / "empty.txt"), "empty.txt: the file is empty"),
+        ((tmp_path / "model", tmp_path / "missing.txt"), "missing.txt: no such file"),
+        ((tmp_path / "model", tmp_path / "short.txt"), "5 tokens are too few for --batch-size 10 rows"),
+        ((tmp_path / "model", tmp_path / "binary.txt"), "binary.txt, line 1: not UTF-8 text"),
+        ((tmp_path / "xlnet", tmp_path / "short.txt"), "is a 'xlnet' model; expected a Transformer-XL language model"),
+        ((tmp_path / "nowhere", tmp_path / "short.txt"), "nowhere: cannot load a model config"),
+    ]  # fmt: skip
+    for args, message in cases:
+        assert evaluate(*args) == 2, message
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith("transformers-xl evaluate: ") and message in error, error
+
+
+def test_a_character_vocabulary_without_unk_refuses_unknown_symbols(tmp_path, capsys):
+    torch.manual_seed(0)
+    config = TransfoXLConfig(vocab_size=4, cutoffs=[], adaptive=False, d_model=8, d_embed=8, n_head=2, d_head=4,
+                             d_inner=8, n_layer=1, mem_len=4, tgt_len=4)  # fmt: skip
+    TransfoXLLMHeadModel(config).save_pretrained(tmp_path / "model")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2, "d": 3}))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(tmp_path / "model")
+    (tmp_path / "chars.txt").write_text("a b c d a b x c\n" * 4)
+    assert evaluate(tmp_path / "model", tmp_path / "chars.txt", "--batch-size", 2) == 2
+    assert "4 symbol(s) are not in the vocabulary, which has no unknown symbol" in capsys.readouterr().err
+    (tmp_path / "chars.txt").write_text("a b c d a b d c\n" * 4)
+    assert evaluate(tmp_path / "model", tmp_path / "chars.txt", "--batch-size", 2) == 0
+    assert "bits per character" in capsys.readouterr().out  # (no <eos> in the vocabulary: line end none)

@@ -1,0 +1,121 @@
+"""`transformers-xl export MODEL OUTPUT --format onnx`: the graph runs in ONNX Runtime over a stream of segments,
+its memory carried from one to the next starting empty, with eager's outputs and memory (checked here
+independently of the command's own verification); --dynamic frees the batch size and segment length; --quantize
+int8 quantizes every weight product; bad input fails in one line and leaves no OUTPUT."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("onnxscript", reason="the ONNX exporter needs the onnx extra: pip install 'transformers-xl[onnx]'")
+onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install 'transformers-xl[onnx]'")
+onnx = pytest.importorskip("onnx", reason="needs the onnx extra: pip install 'transformers-xl[onnx]'")
+
+from test_export import MEM_LEN, VOCAB, ids, tiny  # noqa: E402
+
+from transformers_xl.cli import main  # noqa: E402
+from transformers_xl.deployment import onnx_export  # noqa: E402
+
+
+def export(tmp_path, name, *options, **overrides):
+    """Save a tiny `name` model, export it with the command line; (model, OUTPUT, exit status)."""
+    model = tiny(name, **overrides)
+    folder, output = tmp_path / "model", tmp_path / "onnx"
+    model.save_pretrained(folder)
+    status = main(["export", str(folder), str(output), "--format", "onnx", "--segment-length", "6", *options])
+    return model, output, status
+
+
+def stream(model, output, segments):
+    """Run `segments` through OUTPUT's graph in ONNX Runtime and through the eager model, each with its own memory
+    (the graph's from its metadata's initial length), and compare every output and the memory."""
+    session = onnxruntime.InferenceSession(str(output / "model.onnx"))
+    metadata = session.get_modelmeta().custom_metadata_map
+    names = [output.name for output in session.get_outputs()]
+    assert names[-1] == "new_memory" and [i.name for i in session.get_inputs()] == ["input_ids", "memory"]
+    extra = {"use_mems": True} if model.config.model_type == "xlnet" else {}
+    memory, mems = None, None
+    for segment in segments:
+        rows = segment.shape[0] * (segment.shape[1] if segment.dim() == 3 else 1)
+        if memory is None:
+            initial = int(metadata["initial_memory_length"])
+            memory = torch.zeros(model.config.n_layer, initial, rows, model.config.d_model).numpy()
+        outputs = dict(zip(names, session.run(None, {"input_ids": segment.numpy(), "memory": memory})))
+        with torch.no_grad():
+            expected = model(segment, mems=mems, **extra)
+        for name in names[:-1]:
+            torch.testing.assert_close(torch.from_numpy(outputs[name]), expected[name], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(outputs["new_memory"]), torch.stack(expected.mems), atol=1e-4,
+                                   rtol=1e-4)  # fmt: skip
+        memory, mems = outputs["new_memory"], expected.mems
+    return memory
+
+
+def test_transformer_xl_lm_streams_through_onnx_runtime_with_its_memory(tmp_path, capsys):
+    """Fixed batch and segment length; the memory starts empty, grows, then slides at mem_len (the graph's Slice).
+    With `same_length`, whose mask depends on how far memory + segment exceed mem_len on both sides of it."""
+    model, output, status = export(tmp_path, "TransfoXLLMHeadModel", "--batch-size", "2", same_length=True)
+    assert status == 0
+    assert "verified the graph in ONNX Runtime against eager" in capsys.readouterr().err
+    assert sorted(path.name for path in output.iterdir() if not path.name.startswith(".")) == [
+        "config.json", "configuration_transfo_xl.py", "model.onnx"
+    ]  # fmt: skip
+    memory = stream(model, output, [ids("TransfoXLLMHeadModel", 6, seed) for seed in range(3)])
+    assert memory.shape[1] == MEM_LEN
+
+
+@pytest.mark.parametrize("name", ["XLNetLMHeadModel", "XLNetForQuestionAnswering"])
+def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, capsys, name):
+    """--dynamic: batch sizes and segment lengths other than the export's (the beam-search QA head's top-k over the
+    segment included), the memory growing and sliding."""
+    model, output, status = export(tmp_path, name, "--dynamic")
+    assert status == 0
+    message = capsys.readouterr().err
+    assert "max abs difference" in message and "(tolerance 0.0001)" in message
+    lengths = [7, 3, 12, 4] if name == "XLNetForQuestionAnswering" else [7, 1, 12, 2]
+    segments = [torch.randint(1, VOCAB, (3, n), generator=torch.Generator().manual_seed(n)) for n in lengths]
+    assert stream(model, output, segments).shape[1] == MEM_LEN
+
+
+def test_int8_graph_quantizes_every_weight_product_and_says_how_close_it_is(tmp_path, capsys):
+    """--quantize int8 on a classifier whose stream starts from mem_len zeros (zero_initial_mems, in the metadata)."""
+    name = "TransfoXLForSequenceClassification"
+    model, output, status = export(tmp_path, name, "--quantize", "int8", zero_initial_mems=True)
+    assert status == 0
+    message = capsys.readouterr().err
+    assert "verified the int8 graph" in message and "tolerance 0.5" in message and "top-1 agreement" in message
+    graph = onnx.load(output / "model.onnx")
+    operators = [node.op_type for node in graph.graph.node]
+    assert operators.count("MatMulInteger") >= 6  # (q, k and v, output and feed-forward projections, classifier)
+    assert {prop.key: prop.value for prop in graph.metadata_props}["initial_memory_length"] == str(MEM_LEN)
+
+
+def test_a_failed_verification_leaves_no_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(onnx_export, "compare_with_eager", lambda *args: {"max_abs_diff": 0.5, "top1_agreement": 1.0})
+    _, output, status = export(tmp_path, "XLNetModel")
+    assert status == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message == ("transformers-xl export: error: Verification failed: the graph differs from eager by 0.5 "
+                       "(tolerance 0.0001), top-1 agreement 100.0%.")  # fmt: skip
+    assert not output.exists() and [path.name for path in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_folder_of_another_model_is_refused_in_one_line(tmp_path, capsys):
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    assert main(["export", str(folder), str(tmp_path / "out"), "--format", "onnx"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == (f"transformers-xl export: error: {folder}: config.json names architectures ['BertModel']; "
+                     "expected one transformers-xl class (a Transformer-XL or XLNet model).")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_output_is_kept(tmp_path, capsys):
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "mine.txt").write_text("kept")
+    _, output, status = export(tmp_path, "XLNetModel")
+    assert status == 1
+    assert "exists; pass --force to replace it." in capsys.readouterr().err
+    assert [path.name for path in output.iterdir()] == ["mine.txt"]

@@ -1,0 +1,187 @@
+"""`transformers-xl train`: the tiny recipe end to end (a folder the Auto classes load, the paper's evaluation at
+the end), the corpus cached and reused, an exact resume, a character recipe scaled down, the vocabulary and the
+schedule of the original code, and one clear error line for each bad input."""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import transformers_xl  # noqa: F401  (registers transfo-xl with the Auto classes)
+from transformers_xl.cli import main
+from transformers_xl.training.corpus import count_vocabulary
+from transformers_xl.training.recipes import RECIPES, learning_rate_factor, scaled
+
+FAST = ["--max-steps", "6", "--save-steps", "3", "--logging-steps", "3", "--batch-size", "4", "--tgt-len", "8"]
+
+
+def write_corpus(folder: Path, lines=200, seed=0):
+    generator = random.Random(seed)
+    words = [f"w{i}" for i in range(60)]
+    weights = [1 / (i + 1) for i in range(60)]
+    for name, count in (("train.txt", lines), ("valid.txt", lines // 4)):
+        text = "\n".join(" ".join(generator.choices(words, weights, k=generator.randint(2, 12))) for _ in range(count))
+        (folder / name).write_text(text + "\n")
+    return folder / "train.txt", folder / "valid.txt"
+
+
+def train(*options) -> int:
+    return main(["train", *map(str, options)])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    train_file, valid_file = write_corpus(folder)
+    output = folder / "out"
+    assert train(
+        "--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, "--output-dir", output, *FAST,
+        "--eval-steps", 3,
+    ) == 0  # fmt: skip
+    return train_file, valid_file, output
+
+
+def test_tiny_recipe_writes_a_folder_the_auto_classes_load(tiny_run, capsys):
+    train_file, valid_file, output = tiny_run
+    model = AutoModelForCausalLM.from_pretrained(output)
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    symbols = (output / "corpus" / "vocab.txt").read_text().split()
+    assert type(model).__name__ == "TransfoXLLMHeadModel" and model.config.vocab_size == len(symbols) == len(tokenizer)
+    assert tokenizer.convert_tokens_to_ids(symbols) == list(range(len(symbols)))
+    # The config carries the recipe's evaluation settings, so `evaluate` with its defaults gives the final numbers.
+    settings = RECIPES["tiny"].eval_settings
+    assert (model.config.tgt_len, model.config.mem_len, model.config.same_length) == (32, 64, True)
+    final = json.loads((output / "eval_results.json").read_text())
+    assert final["settings"] == settings
+    assert main(["evaluate", str(output), str(valid_file), "--json", str(output.parent / "again.json")]) == 0
+    again = json.loads((output.parent / "again.json").read_text())["results"][0]
+    assert again["loss"] == pytest.approx(final["results"]["valid"]["loss"], abs=1e-5)
+    # The id stream is the original reader's: each line's words, then <eos>.
+    ids = np.load(output / "corpus" / "train.npy")
+    expected = [symbols.index(w) for line in train_file.read_text().splitlines() for w in [*line.split(), "<eos>"]]
+    assert ids.tolist() == expected
+    state = json.loads((output / "checkpoint-6" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "eval_loss" in entry] == [3, 6]
+
+
+def test_a_rerun_reuses_the_encoded_corpus(tiny_run, capsys):
+    train_file, valid_file, output = tiny_run
+    cached = {path.name: path.stat().st_mtime_ns for path in (output / "corpus").iterdir()}
+    common = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, "--output-dir", output]
+    assert train(*common, *FAST, "--max-steps", 1) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    copy = output.parent / "copy"
+    copy.mkdir()
+    (copy / "corpus").symlink_to(output / "corpus")  # (the cache of the first run, in a fresh folder)
+    assert train(*common[:-1], copy, *FAST, "--max-steps", 1) == 0
+    assert "reusing the encoded corpus" in capsys.readouterr().err
+    assert {path.name: path.stat().st_mtime_ns for path in (output / "corpus").iterdir()} == cached
+
+
+def test_resume_gives_the_uninterrupted_runs_weights(tmp_path, capsys):
+    """6 steps straight, against 3 steps, an interruption, and --resume from checkpoint-3 (dropout on: the random
+    state is restored too; the memory of the rows is reloaded)."""
+    train_file, valid_file = write_corpus(tmp_path)
+    common = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, *FAST]
+    assert train(*common, "--output-dir", tmp_path / "straight") == 0
+    assert train(*common, "--output-dir", tmp_path / "resumed") == 0
+    for leftover in (tmp_path / "resumed").iterdir():  # back to the state right after step 3
+        if leftover.name not in ("corpus", "checkpoint-3"):
+            leftover.unlink() if leftover.is_file() else __import__("shutil").rmtree(leftover)
+    # (another seed: a resume takes the weights, random state and memory from the checkpoint, a fresh start would not)
+    assert train(*common, "--output-dir", tmp_path / "resumed", "--resume", "--seed", 5) == 0
+    straight, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("straight", "resumed"))
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=1e-6)
+    initial = load_file(tmp_path / "resumed" / "checkpoint-3" / "model.safetensors")
+    assert any(not torch.equal(initial[key], straight[key]) for key in straight)
+
+
+def test_a_character_recipe_scaled_down(tmp_path):
+    """text8: a character vocabulary over every split (no <eos>, no <unk>), the model of hub_configs/text8 scaled."""
+    text = "the quick brown fox jumps over the lazy dog " * 60
+    (tmp_path / "train.txt").write_text("\n".join(" ".join(text[i : i + 80]) for i in range(0, len(text), 80)))
+    (tmp_path / "valid.txt").write_text(" ".join("a zebra quietly jumps " * 150) + "\n")
+    output = tmp_path / "out"
+    assert train("--recipe", "text8", "--scale", 0.05, "--train-file", tmp_path / "train.txt", "--valid-file",
+                 tmp_path / "valid.txt", "--output-dir", output, *FAST) == 0  # fmt: skip
+    symbols = (output / "corpus" / "vocab.txt").read_text().split("\n")[:-1]
+    assert sorted(symbols) == sorted(set("thequickbrownfoxjumpsoverlazydog" + "zebraquietly"))
+    model = AutoModelForCausalLM.from_pretrained(output)
+    assert (model.config.n_layer, model.config.n_head, model.config.d_model) == (1, 1, 128)
+    assert (model.config.mem_len, model.config.clamp_len) == (3800, 1000)  # the paper's evaluation settings
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    assert tokenizer("z e b r a")["input_ids"] == [symbols.index(c) for c in "zebra"]
+    assert json.loads((output / "eval_results.json").read_text())["results"]["valid"]["unit"] == "character"
+
+
+def test_the_vocabulary_is_counted_as_the_original(tmp_path):
+    """Vocab.build_vocab: specials first, then by decreasing count, ties in first-seen order, min_freq, max_size."""
+    (tmp_path / "a.txt").write_text("  d b a\n\nc a b  e\n   b a c\n")
+    assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",)) == ["<eos>", "b", "a", "c", "d", "e"]
+    assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",), min_freq=2) == ["<eos>", "b", "a", "c"]
+    assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",), max_size=2) == ["<eos>", "b", "a"]
+
+
+def test_the_schedule_is_train_pys():
+    """Linear warm-up lr * step / warmup, then CosineAnnealingLR(max_step) stepped with the global step."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=2.5e-4)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 100, eta_min=0.0)
+    factor = learning_rate_factor(10, 100)
+    for step in range(1, 101):
+        optimizer.step()
+        cosine.step()
+        expected = 2.5e-4 * step / 10 if step < 10 else optimizer.param_groups[0]["lr"]
+        assert 2.5e-4 * factor(step) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+
+
+def test_scale_shrinks_depth_width_and_batch():
+    recipe = scaled(RECIPES["wt103"], 0.25)
+    model = recipe.model
+    assert (model["n_layer"], model["n_head"], model["d_head"], model["d_model"], model["d_embed"],
+            model["d_inner"]) == (4, 4, 64, 256, 256, 1024)  # fmt: skip
+    assert (recipe.batch_size, recipe.tgt_len, recipe.max_steps) == (32, 384, 4_000_000)
+
+
+def test_bad_input_gets_one_clear_line(tmp_path, capsys):
+    train_file, valid_file = write_corpus(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "model.safetensors").write_text("")
+    base = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file]
+    cases = [
+        ([*base[:3], tmp_path / "nope.txt", *base[4:], "--output-dir", tmp_path / "o1"], "nope.txt: no such file"),
+        ([*base[:5], tmp_path / "empty.txt", "--output-dir", tmp_path / "o2"], "empty.txt: the file is empty"),
+        ([*base, "--output-dir", tmp_path / "taken"], "pass --resume to continue it or --overwrite"),
+        ([*base, "--output-dir", tmp_path / "o3", "--resume"], "holds no checkpoint to resume from"),
+        (["--recipe", "wt103", *base[2:], "--output-dir", tmp_path / "o4"],
+         "adaptive softmax cutoffs [20000, 40000, 200000] need a vocabulary of more than 200000 symbols, but this "
+         "corpus gives 62; pass --cutoffs 5,9,46 (in proportion) or --cutoffs none"),
+        ([*base, "--output-dir", tmp_path / "o5", "--cutoffs", "30,100"], "--cutoffs [30, 100] need a vocabulary of more "
+         "than 100 symbols, but this corpus gives 62; pass --cutoffs none"),
+    ]  # fmt: skip
+    for options, message in cases:
+        assert train(*options) == 2, message
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith("transformers-xl train: ") and message in error, error
+    assert not (tmp_path / "taken" / "corpus").exists()  # nothing written into a refused folder
+
+
+def test_encoding_in_small_batches_gives_the_same_stream(tmp_path, monkeypatch):
+    """Batches end at a number of lines or of characters (a file of long lines stays in bounded memory)."""
+    from transformers_xl.training import corpus
+
+    train_file, _ = write_corpus(tmp_path)
+    vocab = {s: i for i, s in enumerate(count_vocabulary([train_file], ("<eos>",)))}
+    whole = corpus.encode_file(train_file, vocab, "eos", None)
+    monkeypatch.setattr(corpus, "LINES_PER_BATCH", 3)
+    monkeypatch.setattr(corpus, "BATCH_CHARACTERS", 20)
+    pieces = corpus.encode_file(train_file, vocab, "eos", None)
+    assert np.array_equal(whole.ids, pieces.ids) and (whole.words, whole.unknown) == (pieces.words, pieces.unknown)
+    assert len(whole.ids) == sum(len(line.split()) + 1 for line in train_file.read_text().splitlines())

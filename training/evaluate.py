@@ -1,0 +1,213 @@
+"""Evaluate a Transformer-XL language model on text files with the paper's protocol (the original `eval.py`).
+
+    transformers-xl evaluate MODEL TEXT_FILE [TEXT_FILE ...] [--batch-size 10] [--tgt-len L] [--mem-len M]
+                             [--clamp-len C] [--same-length | --no-same-length] [--line-end eos|double-eos|none]
+                             [--bf16] [--device DEVICE] [--json PATH]
+
+MODEL is a folder (converted, transformers 4.x, or saved by this package) or a Hub id; its tokenizer's vocabulary
+encodes the text as the original corpus readers do (each line stripped and split on whitespace, then `<eos>`, or
+`<S>` ... `<S>` for lm1b, or nothing for enwik8 / text8, whose files are space-separated characters). The id stream
+is cut into `--batch-size` rows (the tail that does not fill every row is dropped) and read in segments of
+`--tgt-len` with the memory carried from segment to segment; every token of a row but its first is predicted once,
+the last position of a segment predicting the first token of the next. The loss is eval.py's: sum(seq_len x segment
+mean NLL) / sum(seq_len), i.e. the mean NLL over every predicted token. Defaults come from the model's config
+(`tgt_len`, `mem_len`, `clamp_len`, `same_length`); the paper's settings for the released checkpoints are in
+docs/evaluation.md. Example:
+
+    transformers-xl evaluate ./transfo-xl-wt103 wikitext-103/wiki.test.tokens --json test.json
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..modeling.memory_cache import MemoryCache
+from .arguments import non_negative_int, positive_int
+from .corpus import LINE_ENDS, CorpusError, encode_file
+
+
+class EvaluationError(ValueError):
+    """Input that cannot be evaluated (the model, the options or a text file), said in one line."""
+
+
+def add_arguments(parser):
+    parser.add_argument("model", help="a model folder (converted, transformers 4.x or our own) or a Hub id")
+    parser.add_argument("text_files", nargs="+", metavar="TEXT_FILE", help="text to evaluate; each file apart")
+    parser.add_argument("--batch-size", type=positive_int, default=10, help="rows read side by side (default: 10)")
+    parser.add_argument("--tgt-len", type=positive_int, help="tokens per segment (default: the config's tgt_len)")
+    parser.add_argument("--mem-len", type=non_negative_int, help="memory length (default: the config's mem_len)")
+    parser.add_argument(
+        "--clamp-len", type=int, help="relative distances beyond it use its encoding; <= 0: none (default: config)"
+    )
+    parser.add_argument(
+        "--same-length", action=argparse.BooleanOptionalAction, default=None,
+        help="every query attends to the same number of positions (default: the config's same_length)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--line-end", choices=sorted(LINE_ENDS), default=None,
+        help="what ends each line: eos (wt103, PTB, WikiText), double-eos (lm1b's <S> ... <S>), none (enwik8, "
+        "text8: space-separated characters) (default: double-eos if the tokenizer adds it, eos if the vocabulary "
+        "has <eos>, else none)",
+    )  # fmt: skip
+    parser.add_argument("--bf16", action="store_true", help="run the model in bfloat16 autocast")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--json", metavar="PATH", help="also write the settings and results to this JSON file")
+
+
+def run(args) -> int:
+    try:
+        report = evaluate_files(args)
+    except (EvaluationError, CorpusError) as error:
+        print(f"transformers-xl evaluate: {error}", file=sys.stderr)
+        return 2
+    for result in report["results"]:
+        unit = result["unit"]
+        print(
+            f"{result['file']}: loss {result['loss']:.5f} | perplexity {result['perplexity']:.3f} | "
+            f"bits per {unit} {result[f'bits_per_{unit}']:.5f} | {result['predicted_tokens']} tokens predicted "
+            f"(<unk> rate {result['unk_rate']:.4%}) | {result['seconds']:.1f} s, {result['tokens_per_second']:.0f} "
+            "tokens/s"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def evaluate_files(args) -> dict:
+    """Load the model and its tokenizer, then evaluate each file; the settings and one result per file."""
+    model, tokenizer = load_model(args.model)
+    config = model.config
+    settings = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "tgt_len": args.tgt_len if args.tgt_len is not None else config.tgt_len,
+        "mem_len": args.mem_len if args.mem_len is not None else config.mem_len,
+        "clamp_len": args.clamp_len if args.clamp_len is not None else config.clamp_len,
+        "same_length": args.same_length if args.same_length is not None else config.same_length,
+        "line_end": args.line_end or default_line_end(tokenizer),
+        "bf16": args.bf16,
+        "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+    }
+    if not isinstance(settings["tgt_len"], int) or settings["tgt_len"] < 1:
+        raise EvaluationError(f"the config's tgt_len is {settings['tgt_len']!r}; pass --tgt-len.")
+    model.to(settings["device"])
+    vocab = tokenizer.get_vocab()
+    if max(vocab.values()) >= config.vocab_size:
+        raise EvaluationError(
+            f"{args.model}: the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary has "
+            f"{config.vocab_size}."
+        )
+    results = []
+    for path in args.text_files:
+        encoded = encode_file(
+            path, vocab, settings["line_end"], tokenizer.unk_token, getattr(tokenizer, "lower_case", False)
+        )
+        ids = torch.from_numpy(encoded.ids.astype(np.int64))
+        if len(ids) // settings["batch_size"] < 2:
+            raise EvaluationError(
+                f"{path}: {len(ids)} tokens are too few for --batch-size {settings['batch_size']} rows of at least 2 "
+                "tokens each; use a smaller --batch-size."
+            )
+        result = evaluate_stream(model, ids, **{k: settings[k] for k in EVALUATION_SETTINGS})
+        character_level = settings["line_end"] == "none"
+        result = {
+            "file": str(path),
+            "unit": "character" if character_level else "token",
+            **result,
+            "symbols": encoded.words,
+            "unknown_symbols": encoded.unknown,
+            "unk_rate": encoded.unknown / max(encoded.words, 1),
+        }
+        result[f"bits_per_{result['unit']}"] = result["loss"] / math.log(2)
+        results.append(result)
+    return {"settings": settings, "results": results}
+
+
+EVALUATION_SETTINGS = ("batch_size", "tgt_len", "mem_len", "clamp_len", "same_length", "bf16")
+
+
+def load_model(name):
+    """The model (eval mode) and its tokenizer; one clear error for anything that is not a Transformer-XL LM."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .. import TransfoXLLMHeadModel  # (registers transfo-xl with the Auto classes)
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise EvaluationError(f"{name}: cannot load a model config ({str(error).splitlines()[0]}).") from None
+    if config.model_type != "transfo-xl":
+        raise EvaluationError(
+            f"{name} is a {config.model_type!r} model; expected a Transformer-XL language model (model_type "
+            "'transfo-xl')."
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, config=config)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise EvaluationError(f"{name}: cannot load the model and its tokenizer ({str(error).splitlines()[0]}).") from None
+    if not isinstance(model, TransfoXLLMHeadModel):
+        raise EvaluationError(f"{name} loads as {type(model).__name__}; expected TransfoXLLMHeadModel.")
+    return model.eval(), tokenizer
+
+
+def default_line_end(tokenizer) -> str:
+    if getattr(tokenizer, "add_double_eos", False):
+        return "double-eos"
+    return "eos" if "<eos>" in tokenizer.get_vocab() else "none"
+
+
+@contextmanager
+def config_settings(config, **values):
+    """The config's attention settings changed for the evaluation, restored after."""
+    saved = {name: getattr(config, name) for name in values}
+    for name, value in values.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def evaluate_stream(model, ids, batch_size: int, tgt_len: int, mem_len: int, clamp_len: int, same_length: bool,
+                    bf16: bool = False, progress: bool = True) -> dict:  # fmt: skip
+    """eval.py's loop: `ids` cut into `batch_size` rows, segments of `tgt_len` predicting the next tokens, the
+    memory kept in a `MemoryCache` (its keys and values are not re-projected each segment) under inference mode."""
+    device = model.device
+    n_step = len(ids) // batch_size
+    rows = torch.as_tensor(ids)[: n_step * batch_size].view(batch_size, n_step).to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    cache = MemoryCache(model.config.n_layer, mem_len)
+    total_loss, total_len = 0.0, 0
+    start = time.perf_counter()
+    with torch.inference_mode(), autocast, config_settings(  # (the memory starts empty, as in eval.py)
+        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, zero_initial_mems=False
+    ):
+        for i in tqdm(range(0, n_step - 1, tgt_len), desc="evaluating", unit="segment", disable=not progress,
+                      dynamic_ncols=True):  # fmt: skip
+            seq_len = min(tgt_len, n_step - 1 - i)
+            out = model(
+                input_ids=rows[:, i : i + seq_len], shift_labels=rows[:, i + 1 : i + 1 + seq_len],
+                cache=cache if mem_len > 0 else None, use_cache=mem_len > 0,
+            )  # fmt: skip
+            total_loss += seq_len * out.loss.float().item()
+            total_len += seq_len
+    seconds = time.perf_counter() - start
+    loss = total_loss / total_len
+    predicted = total_len * batch_size
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "predicted_tokens": predicted,
+        "seconds": seconds,
+        "tokens_per_second": predicted / seconds if seconds > 0 else math.inf,
+    }
