@@ -172,7 +172,8 @@ def transfo_xl_sides(config, legacy_python):
     model.config.save_pretrained(folder)
     torch.save(model.state_dict(), folder / "pytorch_model.bin")  # every key, as legacy files hold them
     legacy = Worker(legacy_python, __file__, "--legacy-worker", str(folder)) if legacy_python else None
-    return model, make_generate(model, True, attention_mask=None), make_generate(model, False, attention_mask=None), legacy
+    cached, recompute = (make_generate(model, use_cache, attention_mask=None) for use_cache in (True, False))
+    return model, cached, recompute, legacy
 
 
 def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=12):

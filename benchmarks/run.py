@@ -31,6 +31,10 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   speed-up, at CPU scale), attention lengths 128 ... 1024, batch 1; a third side is `transformers-xl evaluate`'s
   loop (`training.evaluate.evaluate_stream`: the memory in a `MemoryCache`, the loss of every prediction) over the
   same stream;
+- `deploy`: batch 1, one segment of 128 tokens after 128 of memory (the issue configuration with mem_len 128): our
+  eager forward against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
+  onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
+  decoding per token, eager against int8 and bf16 weights (see `measure_deploy`);
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
   and again last, the higher kept, and the memory bandwidth of a matrix-vector product (`generation` needs it).
 
@@ -115,7 +119,17 @@ QUICK_CASES = [
     Case("tiny", "xlnet", dict(ISSUE_XLNET, vocab_size=1000, d_model=32, n_head=4, d_inner=64, n_layer=2, mem_len=16),
          batch=2, length=16),
 ]  # fmt: skip
-WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "contention", "stream"]
+WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "contention", "stream", "deploy"]
+# The deploy workload (issue 22): one segment of 128 tokens after 128 of memory, batch 1, as a deployed model reads a
+# stream; the sides (Session.variant), eager first (the ratios are against it).
+DEPLOY_SIDES = ["eager", "onnxruntime", "compiled", "int8", "bf16 weights"]
+DECODE_SIDES = ["eager", "int8", "bf16 weights"]
+
+
+def deploy_cases(quick: bool) -> list[Case]:
+    cases = QUICK_CASES if quick else CASES["issue"]
+    mem_len = 16 if quick else 128
+    return [Case(c.name, c.model, dict(c.config, mem_len=mem_len), batch=1, length=mem_len) for c in cases]
 # Square sizes of the matmul peak (by --quick): MKL's fp32 kernels peak anywhere from 1024 to 4096 on these CPUs.
 PEAK_SIZES = {False: (1024, 2048, 4096), True: (256, 512)}
 # Rows of the matrix-vector bandwidth's [rows, 512] fp32 matrix (by --quick): 64 MiB, far beyond any cache.
@@ -155,6 +169,7 @@ class Session:
         self.extra = {"use_mems": True} if self.model.config.model_type == "xlnet" else {}
         self.optimizer = None
         self.compiled = None
+        self.deployed = {}  # the deploy workload's variants, made on first use
 
     def ask(self, request: dict) -> dict:
         if request["op"] == "time":
@@ -166,6 +181,12 @@ class Session:
             return {}
         if request["op"] == "peak_memory":
             return {"bytes": self.peak_memory()}
+        if request["op"] == "deploy_logits":  # (the deploy variant's log-probabilities against eager's)
+            expected = self.evaluate(self.model).float()
+            actual = self.evaluate(self.variant(request["variant"])).float()
+            return {"max_abs_diff": (actual - expected).abs().max().item()}
+        if request["op"] == "decode":
+            return {"seconds": self.decode(self.variant(request["variant"]), request["new_tokens"])}
         raise ValueError(f"unknown request {request}")
 
     def variant(self, name):
@@ -182,13 +203,27 @@ class Session:
             if self.compiled is None:  # (a compiled module has no truth value: it forwards len() to the model)
                 self.compiled = torch.compile(self.model)
             return self.compiled
-        raise ValueError(f"variant must be 'eager', 'bf16' or 'compiled', got {name!r}")
+        if name in DEPLOY_VARIANTS:
+            if name not in self.deployed:
+                self.deployed[name] = DEPLOY_VARIANTS[name](self)
+            return self.deployed[name]
+        raise ValueError(f"variant must be 'eager', 'bf16', 'compiled' or one of {list(DEPLOY_VARIANTS)}, got {name!r}")
+
+    def decode(self, model, new_tokens):
+        """Seconds per new token of greedy decoding from a 64-token prompt, batch 1 (bench_generation's clock)."""
+        from bench_generation import make_generate, random_prompt, seconds_per_token
+
+        extra = {"use_mems": True} if self.extra else {"attention_mask": None}
+        prompt = random_prompt(64, self.model.config.vocab_size)
+        return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
 
     def evaluate(self, model):
+        """Log-probabilities of the second segment after the memory (inference mode)."""
         self.model.eval()
+        mems = tuple(mem.to(getattr(model, "dtype", torch.float32)) for mem in self.mems)  # (bf16 weights: bf16 mems)
         with torch.inference_mode():
-            output = model(self.input_ids, mems=self.mems, **self.extra)
-        return output.logits if "logits" in output else output.prediction_scores  # (the legacy model's name)
+            output = model(self.input_ids, mems=mems, **self.extra)
+        return output["logits"] if "logits" in output else output["prediction_scores"]  # (the legacy model's name)
 
     def forward_backward(self, model):
         self.model.train()
@@ -212,6 +247,52 @@ class Session:
         Path("/proc/self/clear_refs").write_text("5")
         self.train_step(self.model)
         return resident_bytes("VmHWM") - before
+
+
+def int8_model(session):
+    from transformers_xl.modeling.quantization import quantize_dynamic_int8
+
+    return quantize_dynamic_int8(session.model)
+
+
+def bf16_model(session):
+    import copy
+
+    return copy.deepcopy(session.model).to(torch.bfloat16)
+
+
+def onnxruntime_model(session):
+    """The model as an ONNX graph of (ids, memory) -> (log-probabilities, new memory), exported by
+    `torch.onnx.export(..., dynamo=True)` at the session's input shapes and run by ONNX Runtime with the same number
+    of threads; a callable like the model (the logits only)."""
+    import onnxruntime
+
+    class WithMemory(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, *mems):
+            output = self.model(input_ids, mems=mems, **session.extra)
+            return output.logits, *output.mems
+
+    path = Path(tempfile.mkdtemp(prefix="bench_onnx_")) / "model.onnx"
+    with torch.inference_mode():
+        torch.onnx.export(WithMemory(session.model).eval(), (session.input_ids, *session.mems), path, dynamo=True)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+    runtime = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [node.name for node in runtime.get_inputs()]
+
+    def run(input_ids, mems, **_):
+        inputs = [input_ids.numpy(), *(mem.numpy() for mem in mems)]
+        return {"logits": torch.from_numpy(runtime.run(None, dict(zip(names, inputs)))[0])}
+
+    return run
+
+
+# The deploy workload's variants of our model (Session.variant), made in the worker that times them.
+DEPLOY_VARIANTS = {"int8": int8_model, "bf16 weights": bf16_model, "onnxruntime": onnxruntime_model}
 
 
 def resident_bytes(field_name):
@@ -506,6 +587,51 @@ def measure_contention(run: Run):
         print_row(run.rows[-1])
 
 
+def measure_deploy(run: Run, case: Case, folder: Path):
+    """Our eager forward against ONNX Runtime running the exported graph, torch.compile, int8 (every linear layer,
+    `quantize_dynamic_int8`) and bf16 weights, on one segment after the memory (`deploy_cases`), each side in a
+    worker of its own, alternating; each side's log-probabilities checked against eager's first (max |diff|, which
+    also makes the variant: export, compilation, quantization). Then greedy decoding per token, eager against int8
+    and bf16 weights."""
+    model, sides = MODEL_NAMES[case.model], {}
+    workers, differences = {}, {}
+    for side in DEPLOY_SIDES:
+        if side == "compiled" and run.args.quick:  # (minutes of compilation: as the compile workload, not in --quick)
+            continue
+        worker = run.worker(folder, "ours")
+        try:
+            if side != "eager":
+                differences[side] = worker.ask({"op": "deploy_logits", "variant": side})["max_abs_diff"]
+            workers[side] = worker
+        except WorkerError as error:
+            sides[side] = f"{error}".splitlines()[0][:300]
+            worker.close()
+    print(f"{case.name} {model}: max |log-probability diff| against eager: "
+          + ", ".join(f"{side} {diff:.2e}" for side, diff in differences.items()))  # fmt: skip
+
+    def timed(requests):
+        runs = {side: (lambda w=workers[side], r=request: w.ask(r)["seconds"]) for side, request in requests.items()}
+        try:
+            return alternate(runs, run.args.rounds, warmup=run.args.warmup)
+        except WorkerError as error:
+            return {side: f"{error}".splitlines()[0][:300] for side in requests}
+
+    segment = {side: {"op": "time", "workload": "eval", "variant": side} for side in workers}
+    values = {**sides, **timed(segment)}
+    workload = f"segment {case.batch} x {case.length}, memory {case.config['mem_len']}"
+    run.add("deploy", case.name, model, workload, "s", {side: values.get(side) for side in DEPLOY_SIDES},
+            tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
+    print_row(run.rows[-1])
+    new_tokens = 4 if run.args.quick else 16
+    decoding = {side: {"op": "decode", "variant": side, "new_tokens": new_tokens} for side in DECODE_SIDES}
+    values = {**sides, **timed({side: request for side, request in decoding.items() if side in workers})}
+    run.add("deploy", case.name, model, "greedy decoding, prompt 64, batch 1", "s/token",
+            {side: values.get(side) for side in DECODE_SIDES})  # fmt: skip
+    print_row(run.rows[-1])
+    for worker in workers.values():
+        worker.close()
+
+
 def per_token(function):
     """Seconds per token of a call that returns how many tokens it predicted."""
     start = time.perf_counter()
@@ -620,7 +746,28 @@ SECTIONS = {
     "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
                ["configuration", "model", "attention", "with memory", "sliding window", "speed-up",
                 "`transformers-xl evaluate` (cache)", "its speed-up"]),
+    "deploy": ("Deployment, batch 1: tokens/s (segment) or new tokens/s (decoding), median / best, (speed-up over "
+               "eager); eager time / ONNX Runtime time (target <= 1.25)",
+               ["configuration", "model", "workload", *DEPLOY_SIDES, "eager / ORT"]),
 }  # fmt: skip
+
+
+def deploy_cells(row) -> list[str]:
+    """A deploy row's cells: every side's rate with its speed-up over eager, then eager's time over ORT's."""
+    eager = row["sides"]["eager"]
+    cells = []
+    for name in DEPLOY_SIDES:
+        side = row["sides"].get(name)
+        if side is None:
+            cells.append("-")
+            continue
+        text = cell(side, row)
+        if side["status"] == "measured" and eager["status"] == "measured":
+            text += f" ({eager['median'] / side['median']:.2f}x)"
+        cells.append(text)
+    ort = row["sides"].get("onnxruntime")
+    measured = ort is not None and ort["status"] == eager["status"] == "measured"
+    return cells + [f"{eager['median'] / ort['median']:.2f}" if measured else "-"]
 
 
 def markdown(run: Run) -> str:
@@ -635,6 +782,10 @@ def markdown(run: Run) -> str:
             continue
         lines += ["", f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
+            if section == "deploy":
+                cells = [row["config"], row["model"], row["workload"], *deploy_cells(row)]
+                lines.append("| " + " | ".join(cells) + " |")
+                continue
             sides = list(row["sides"].items())
             other_name, other = sides[1] if len(sides) > 1 else ("", {"status": "not measured"})
             other_cell = cell(other, row)
@@ -717,6 +868,11 @@ def main():
             measure_variants(run, case, folder, "compiled")
         if "stream" in workloads and case.model == "transfo-xl" and first_of_model:
             measure_stream(run, case, folder)
+    if "deploy" in workloads:
+        for index, case in enumerate(deploy_cases(args.quick)):
+            folder = run.workdir / f"deploy-{index}-{case.model}"
+            write_case_folder(case, folder)
+            measure_deploy(run, case, folder)
     if "generation" in workloads:
         measure_generation(run)
     if "contention" in workloads:

@@ -443,13 +443,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         position scores, which saves a pass over the scores per layer."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
-        if span is None:
-            overflow = key_length - self.config.mem_len  # keys beyond mem_len (legacy `same_length` span)
-            span = query_length - overflow if overflow > 0 else query_length
+        if span is None:  # the legacy span: the segment less the keys beyond mem_len (sym_max: no branch to export)
+            span = query_length - torch.sym_max(key_length - self.config.mem_len, 0)
         if self.config.attn_type == 0 and attention_mask is None:
             # same_length masks keys j <= i - span of query i (at position m + i): the distances m + span and above,
             # the first q - span of the k + 1 listed (k - 1 ... -1)
-            return FoldedMask(max(0, query_length - span) if self.config.same_length else 0)
+            return FoldedMask(torch.sym_max(0, query_length - span) if self.config.same_length else 0)
         mask = causal_memory_mask(query_length, memory_length, self.config.same_length, span, device=device)
         mask = mask[None, None]
         if attention_mask is not None:

@@ -165,6 +165,9 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
         ((tmp_path / "model", tmp_path / "binary.txt"), "binary.txt, line 1: not UTF-8 text"),
         ((tmp_path / "xlnet", tmp_path / "short.txt"), "is a 'xlnet' model; expected a Transformer-XL language model"),
         ((tmp_path / "nowhere", tmp_path / "short.txt"), "nowhere: cannot load a model config"),
+        ((tmp_path / "model", tmp_path / "short.txt", tmp_path / "gone.txt"), "gone.txt: no such file"),
+        ((tmp_path / "model", tmp_path / "short.txt", "--json", tmp_path / "no" / "r.json"), "its folder does not exist"),
+        ((tmp_path / "model", tmp_path / "short.txt", "--device", "nodevice"), "--device nodevice: "),
     ]  # fmt: skip
     for args, message in cases:
         assert evaluate(*args) == 2, message

@@ -65,11 +65,15 @@ def test_transformer_xl_lm_streams_through_onnx_runtime_with_its_memory(tmp_path
     assert memory.shape[1] == MEM_LEN
 
 
-@pytest.mark.parametrize("name", ["XLNetLMHeadModel", "XLNetForQuestionAnswering"])
-def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, capsys, name):
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("XLNetLMHeadModel", {}), ("XLNetForQuestionAnswering", {}), ("TransfoXLLMHeadModel", {"same_length": True})],
+)
+def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, capsys, name, overrides):
     """--dynamic: batch sizes and segment lengths other than the export's (the beam-search QA head's top-k over the
-    segment included), the memory growing and sliding."""
-    model, output, status = export(tmp_path, name, "--dynamic")
+    segment included; Transformer-XL's `same_length` span, which depends on how far memory + segment exceed
+    mem_len), the memory growing and sliding."""
+    model, output, status = export(tmp_path, name, "--dynamic", **overrides)
     assert status == 0
     message = capsys.readouterr().err
     assert "max abs difference" in message and "(tolerance 0.0001)" in message
@@ -79,9 +83,10 @@ def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, cap
 
 
 def test_int8_graph_quantizes_every_weight_product_and_says_how_close_it_is(tmp_path, capsys):
-    """--quantize int8 on a classifier whose stream starts from mem_len zeros (zero_initial_mems, in the metadata)."""
+    """--quantize int8 (and --opset 20) on a classifier whose stream starts from mem_len zeros (zero_initial_mems, in
+    the metadata)."""
     name = "TransfoXLForSequenceClassification"
-    model, output, status = export(tmp_path, name, "--quantize", "int8", zero_initial_mems=True)
+    model, output, status = export(tmp_path, name, "--quantize", "int8", "--opset", "20", zero_initial_mems=True)
     assert status == 0
     message = capsys.readouterr().err
     assert "verified the int8 graph" in message and "tolerance 0.5" in message and "top-1 agreement" in message
@@ -89,6 +94,7 @@ def test_int8_graph_quantizes_every_weight_product_and_says_how_close_it_is(tmp_
     operators = [node.op_type for node in graph.graph.node]
     assert operators.count("MatMulInteger") >= 6  # (q, k and v, output and feed-forward projections, classifier)
     assert {prop.key: prop.value for prop in graph.metadata_props}["initial_memory_length"] == str(MEM_LEN)
+    assert {opset.domain: opset.version for opset in graph.opset_import}[""] == 20
 
 
 def test_a_failed_verification_leaves_no_output(tmp_path, capsys, monkeypatch):

@@ -167,3 +167,28 @@ def test_torchao_int8_weight_only_reaches_every_layer(trained):
     expected = two_segments(model, ids, extra)
     actual = two_segments(quantized, ids, extra)
     assert 0 < (actual - expected).abs().max() <= quantization_error_bound(model, ids, extra, expected)
+
+
+def test_torchao_config_through_from_pretrained_then_the_rest(trained, tmp_path):
+    """transformers' TorchAoConfig quantizes the nn.Linear layers it selects while loading (not the output layers,
+    nor XLNet's attention projections, parameters at that point); torchao's quantize_ then covers the rest."""
+    torchao_quantization = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    from transformers import TorchAoConfig
+
+    from transformers_xl.modeling.decoding_linear import is_plain_linear
+
+    family, model, extra = trained
+    model.save_pretrained(tmp_path)
+    config = torchao_quantization.Int8WeightOnlyConfig()
+    loaded = type(model).from_pretrained(tmp_path, quantization_config=TorchAoConfig(config)).eval()
+    layers = [module for module in loaded.modules() if isinstance(module, nn.Linear)]
+    assert any(not is_plain_linear(layer) for layer in layers)  # (transformers quantized some while loading)
+    still_float = lambda module, _: is_plain_linear(module)  # noqa: E731
+    torchao_quantization.quantize_(use_linear_layers(loaded), config, filter_fn=still_float)
+    layers = [module for module in loaded.modules() if isinstance(module, nn.Linear)]
+    assert len(layers) == len(linear_layer_names(use_linear_layers(copy.deepcopy(model))))
+    assert not any(is_plain_linear(layer) for layer in layers)
+    ids = periodic_ids(3, 16, seed=100)
+    expected = two_segments(model, ids, extra)
+    actual = two_segments(loaded, ids, extra)
+    assert 0 < (actual - expected).abs().max() <= quantization_error_bound(model, ids, extra, expected)

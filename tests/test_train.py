@@ -3,6 +3,7 @@ the end), the corpus cached and reused, an exact resume, a character recipe scal
 schedule of the original code, and one clear error line for each bad input."""
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -40,9 +41,9 @@ def tiny_run(tmp_path_factory):
     train_file, valid_file = write_corpus(folder)
     output = folder / "out"
     assert train(
-        "--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, "--output-dir", output, *FAST,
-        "--eval-steps", 3,
-    ) == 0  # fmt: skip
+        "--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, "--output-dir", output,
+        "--save-steps", 100, "--eval-steps", 100, "--threads", 1,
+    ) == 0  # fmt: skip  (the whole recipe: 200 steps of 8 x 32 words)
     return train_file, valid_file, output
 
 
@@ -65,8 +66,9 @@ def test_tiny_recipe_writes_a_folder_the_auto_classes_load(tiny_run, capsys):
     ids = np.load(output / "corpus" / "train.npy")
     expected = [symbols.index(w) for line in train_file.read_text().splitlines() for w in [*line.split(), "<eos>"]]
     assert ids.tolist() == expected
-    state = json.loads((output / "checkpoint-6" / "trainer_state.json").read_text())
-    assert [entry["step"] for entry in state["log_history"] if "eval_loss" in entry] == [3, 6]
+    state = json.loads((output / "checkpoint-200" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "eval_loss" in entry] == [100, 200]
+    assert final["results"]["valid"]["loss"] < math.log(len(symbols)) - 0.3  # it learnt (uniform: log |V|)
 
 
 def test_a_rerun_reuses_the_encoded_corpus(tiny_run, capsys):
@@ -121,9 +123,14 @@ def test_a_character_recipe_scaled_down(tmp_path):
     assert json.loads((output / "eval_results.json").read_text())["results"]["valid"]["unit"] == "character"
 
 
-def test_the_vocabulary_is_counted_as_the_original(tmp_path):
-    """Vocab.build_vocab: specials first, then by decreasing count, ties in first-seen order, min_freq, max_size."""
+def test_the_vocabulary_is_counted_as_the_original(tmp_path, monkeypatch):
+    """Vocab.build_vocab: specials first, then by decreasing count, ties in first-seen order, min_freq, max_size
+    (the same when the file is read in batches of a few characters)."""
+    from transformers_xl.training import corpus
+
     (tmp_path / "a.txt").write_text("  d b a\n\nc a b  e\n   b a c\n")
+    assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",)) == ["<eos>", "b", "a", "c", "d", "e"]
+    monkeypatch.setattr(corpus, "BATCH_CHARACTERS", 4)
     assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",)) == ["<eos>", "b", "a", "c", "d", "e"]
     assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",), min_freq=2) == ["<eos>", "b", "a", "c"]
     assert count_vocabulary([tmp_path / "a.txt"], ("<eos>",), max_size=2) == ["<eos>", "b", "a"]
@@ -152,6 +159,7 @@ def test_scale_shrinks_depth_width_and_batch():
 def test_bad_input_gets_one_clear_line(tmp_path, capsys):
     train_file, valid_file = write_corpus(tmp_path)
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "vocab.txt").write_text("<eos>\nw1 12\nw2 7\n")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "model.safetensors").write_text("")
     base = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file]
@@ -163,6 +171,9 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
         (["--recipe", "wt103", *base[2:], "--output-dir", tmp_path / "o4"],
          "adaptive softmax cutoffs [20000, 40000, 200000] need a vocabulary of more than 200000 symbols, but this "
          "corpus gives 62; pass --cutoffs 5,9,46 (in proportion) or --cutoffs none"),
+        ([*base, "--output-dir", tmp_path / "o6", "--batch-size", "5000"],
+         "too few for 5000 rows of at least 2 tokens (pass a smaller --batch-size)"),
+        ([*base, "--output-dir", tmp_path / "o7", "--vocab", tmp_path / "vocab.txt"], "no <unk> in it"),
         ([*base, "--output-dir", tmp_path / "o5", "--cutoffs", "30,100"], "--cutoffs [30, 100] need a vocabulary of more "
          "than 100 symbols, but this corpus gives 62; pass --cutoffs none"),
     ]  # fmt: skip
@@ -174,14 +185,43 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
 
 
 def test_encoding_in_small_batches_gives_the_same_stream(tmp_path, monkeypatch):
-    """Batches end at a number of lines or of characters (a file of long lines stays in bounded memory)."""
+    """Files are read and encoded in batches of lines of about BATCH_CHARACTERS (bounded memory)."""
     from transformers_xl.training import corpus
 
     train_file, _ = write_corpus(tmp_path)
     vocab = {s: i for i, s in enumerate(count_vocabulary([train_file], ("<eos>",)))}
     whole = corpus.encode_file(train_file, vocab, "eos", None)
-    monkeypatch.setattr(corpus, "LINES_PER_BATCH", 3)
     monkeypatch.setattr(corpus, "BATCH_CHARACTERS", 20)
     pieces = corpus.encode_file(train_file, vocab, "eos", None)
     assert np.array_equal(whole.ids, pieces.ids) and (whole.words, whole.unknown) == (pieces.words, pieces.unknown)
     assert len(whole.ids) == sum(len(line.split()) + 1 for line in train_file.read_text().splitlines())
+    (tmp_path / "cr.txt").write_bytes(b"w1 w2\rw3\r\nw4\n")  # lines end as Python's text files (the original) end them
+    assert corpus.encode_file(tmp_path / "cr.txt", vocab, "eos", None).ids.tolist() == [
+        vocab[s] for s in ["w1", "w2", "<eos>", "w3", "<eos>", "w4", "<eos>"]
+    ]
+
+
+def test_two_processes_under_accelerate_launch(tmp_path):
+    """The same command under `accelerate launch` (2 CPU processes, gloo): each rank trains its half of the rows
+    with its own memory (saved beside the checkpoint); one folder comes out."""
+    import os
+    import subprocess
+    import sys
+
+    from test_training_accelerate import free_port
+
+    train_file, valid_file = write_corpus(tmp_path)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m",
+        "transformers_xl", "train", "--recipe", "tiny", "--train-file", str(train_file), "--valid-file",
+        str(valid_file), "--output-dir", str(tmp_path / "out"), *FAST,
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = tmp_path / "out" / "checkpoint-3"
+    assert {f"memory-rank{r}.safetensors" for r in (0, 1)} <= {path.name for path in checkpoint.iterdir()}
+    assert load_file(checkpoint / "memory-rank0.safetensors")["0"].shape[1] == 2  # 2 of the 4 rows per rank
+    assert "valid" in json.loads((tmp_path / "out" / "eval_results.json").read_text())["results"]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.vocab_size == 62

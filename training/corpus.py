@@ -10,6 +10,7 @@ WikiText-103-size file (540 MB, 103 M words) encodes at millions of words per se
 progress bar. Symbols the vocabulary lacks become its `<unk>` and are counted apart from the text's own `<unk>`s.
 """
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..tokenization.legacy_vocab import build_vocab
 # How a line ends in the id stream: wt103 / PTB / WikiText append <eos>; lm1b wraps it in <S> ... <S>; enwik8 and
 # text8 add nothing (their lines are pieces of one character stream).
 LINE_ENDS = {"eos": ("", "<eos>"), "double-eos": ("<S>", "<S>"), "none": ("", "")}
-LINES_PER_BATCH, BATCH_CHARACTERS = 4096, 1 << 24  # a batch ends at whichever comes first (bounded memory)
+BATCH_CHARACTERS = 1 << 22  # lines are read and encoded in batches of about this many characters (bounded memory)
 _NOT_IN_VOCABULARY = "\x00not in the vocabulary\x00"  # the word every unknown symbol maps to while encoding
 
 
@@ -51,31 +52,46 @@ def check_readable(path) -> Path:
     return path
 
 
-def _lines(path: Path, description: str) -> Iterator[str]:
-    """The file's lines with a progress bar by bytes; a clear error when it is not UTF-8 text."""
-    with open(path, "rb") as stream, tqdm(
+def _line_batches(path: Path, description: str) -> Iterator[list[str]]:
+    """The file's lines, split as Python's text files (and so the original reader) split them, in batches of about
+    BATCH_CHARACTERS, with a progress bar; a clear error when it is not UTF-8 text."""
+    with open(path, encoding="utf-8") as stream, tqdm(
         total=path.stat().st_size, desc=description, unit="B", unit_scale=True, dynamic_ncols=True
     ) as bar:
+        try:
+            while lines := stream.readlines(BATCH_CHARACTERS):
+                yield lines
+                bar.update(sum(map(len, lines)))  # (characters: bytes for ASCII text)
+        except UnicodeDecodeError as error:
+            raise CorpusError(f"{path}, line {_first_undecodable_line(path)}: not UTF-8 text ({error.reason}).") from None
+        bar.update(max(0, bar.total - bar.n))
+
+
+def _first_undecodable_line(path: Path) -> int:
+    with open(path, "rb") as stream:
         for number, raw in enumerate(stream, 1):
-            bar.update(len(raw))
             try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise CorpusError(f"{path}, line {number}: not UTF-8 text ({error.reason}).") from None
-
-
-def _symbols(line: str, lower_case: bool) -> list[str]:
-    return (line.lower() if lower_case else line).split()
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 def count_vocabulary(paths, special=(), min_freq: int = 0, max_size: int | None = None,
                      lower_case: bool = False) -> list[str]:  # fmt: skip
     """The original `Vocab.count_file` + `build_vocab`: `special` first, then the symbols of `paths` by decreasing
     count, ties in order of first appearance, while the count reaches `min_freq`, at most `max_size` of them (the
-    original counts no line ends: `<eos>` is among the specials of the corpora that use it)."""
+    original counts no line ends: `<eos>` is among the specials of the corpora that use it). A batch of lines is
+    counted as one whitespace split of its text: the same symbols in the same order as line by line."""
     paths = [check_readable(path) for path in paths]
-    symbol_lines = (_symbols(line, lower_case) for path in paths for line in _lines(path, f"counting {path.name}"))
-    return build_vocab(symbol_lines, special, min_freq, max_size)
+
+    def symbol_batches():
+        for path in paths:
+            for lines in _line_batches(path, f"counting {path.name}"):
+                text = "".join(lines)
+                yield (text.lower() if lower_case else text).split()
+
+    return build_vocab(symbol_batches(), special, min_freq, max_size)
 
 
 def word_tokenizer(vocab: dict[str, int], line_end: str, lower_case: bool = False) -> Tokenizer:
@@ -99,29 +115,17 @@ def word_tokenizer(vocab: dict[str, int], line_end: str, lower_case: bool = Fals
 
 def encode_file(path, vocab: dict[str, int], line_end: str, unk_token: str | None, lower_case: bool = False,
                 description: str | None = None) -> EncodedFile:  # fmt: skip
-    """The id stream of a text file: every line encoded as the original reader does, in batches of lines."""
+    """The id stream of a text file: every line encoded as the original reader does, a batch of lines at a time."""
     path = check_readable(path)
     tokenizer = word_tokenizer(vocab, line_end, lower_case)
     unknown_id, line_end_ids = len(vocab), len([m for m in LINE_ENDS[line_end] if m])
-    pieces, batch, unknown, words, characters = [], [], 0, 0, 0
-
-    def flush():
-        nonlocal unknown, words, characters
-        encodings = tokenizer.encode_batch_fast([line.strip() for line in batch])
-        ids = np.fromiter((i for encoding in encodings for i in encoding.ids), dtype=np.int32)
-        words += len(ids) - line_end_ids * len(batch)
+    pieces, unknown, words = [], 0, 0
+    for lines in _line_batches(path, description or f"encoding {path.name}"):
+        encodings = tokenizer.encode_batch_fast([line.strip() for line in lines])
+        ids = np.fromiter(itertools.chain.from_iterable(encoding.ids for encoding in encodings), dtype=np.int32)
+        words += len(ids) - line_end_ids * len(lines)
         unknown += int(np.count_nonzero(ids == unknown_id))
         pieces.append(ids)
-        batch.clear()
-        characters = 0
-
-    for line in _lines(path, description or f"encoding {path.name}"):
-        batch.append(line)
-        characters += len(line)
-        if len(batch) == LINES_PER_BATCH or characters >= BATCH_CHARACTERS:
-            flush()
-    if batch:
-        flush()
     ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
     if unknown:
         if unk_token is None or unk_token not in vocab:

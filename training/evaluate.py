@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..modeling.memory_cache import MemoryCache
 from .arguments import non_negative_int, positive_int
-from .corpus import LINE_ENDS, CorpusError, encode_file
+from .corpus import LINE_ENDS, CorpusError, check_readable, encode_file
 
 
 class EvaluationError(ValueError):
@@ -83,6 +83,10 @@ def run(args) -> int:
 
 def evaluate_files(args) -> dict:
     """Load the model and its tokenizer, then evaluate each file; the settings and one result per file."""
+    for path in args.text_files:
+        check_readable(path)  # (all of them before anything runs)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise EvaluationError(f"--json {args.json}: its folder does not exist.")
     model, tokenizer = load_model(args.model)
     config = model.config
     settings = {
@@ -98,7 +102,10 @@ def evaluate_files(args) -> dict:
     }
     if not isinstance(settings["tgt_len"], int) or settings["tgt_len"] < 1:
         raise EvaluationError(f"the config's tgt_len is {settings['tgt_len']!r}; pass --tgt-len.")
-    model.to(settings["device"])
+    try:
+        model.to(settings["device"])
+    except (RuntimeError, ValueError) as error:
+        raise EvaluationError(f"--device {settings['device']}: {str(error).splitlines()[0]}") from None
     vocab = tokenizer.get_vocab()
     if max(vocab.values()) >= config.vocab_size:
         raise EvaluationError(

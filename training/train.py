@@ -142,6 +142,7 @@ def prepare(args) -> dict:
         symbols, streams = load_corpus(recipe, files, vocab_file, args, output / CORPUS_FOLDER)
     cutoffs = args.cutoffs if args.cutoffs is not None else recipe.model.get("cutoffs", [])
     check_cutoffs(recipe, cutoffs, len(symbols), args.cutoffs is not None)
+    check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], processes))
     return {"args": args, "recipe": recipe, "symbols": symbols, "streams": streams, "cutoffs": cutoffs,
             "output": output, "mem_len": tgt_len if args.mem_len is None else args.mem_len,
             "training_args": training_args, "processes": processes}  # fmt: skip
@@ -179,6 +180,17 @@ def prepare_output_folder(output: Path, resume: bool, overwrite: bool):
     output.mkdir(parents=True, exist_ok=True)
 
 
+def check_lengths(streams, train_rows, eval_rows):
+    """Each stream must fill its rows with at least 2 tokens each (one prediction per row)."""
+    for split, ids in streams.items():
+        rows = train_rows if split == "train" else eval_rows
+        if len(ids) // rows < 2:
+            raise TrainingError(
+                f"the {split} file gives {len(ids)} tokens, too few for {rows} rows of at least 2 tokens"
+                + (" (pass a smaller --batch-size)." if split == "train" else " (the evaluation's batch).")
+            )
+
+
 def check_cutoffs(recipe, cutoffs, vocab_size, given):
     """The adaptive softmax's clusters must each hold ids: the last cutoff below the vocabulary size."""
     if cutoffs and cutoffs[-1] >= vocab_size:
@@ -209,14 +221,15 @@ def load_corpus(recipe, files, vocab_file, args, cache: Path):
         print(f"transformers-xl train: reusing the encoded corpus in {cache}", file=sys.stderr)
         return symbols, streams
     symbols = read_vocab(vocab_file) if vocab_file else build_vocabulary(recipe, files, args)
+    if recipe.unk_token and recipe.unk_token not in symbols:
+        raise TrainingError(f"--vocab {vocab_file}: no {recipe.unk_token} in it; the {recipe.name} recipe's tokenizer "
+                            "encodes unseen words with it (the original requires it too).")  # fmt: skip
     vocab = {symbol: index for index, symbol in enumerate(symbols)}
     cache.mkdir(parents=True, exist_ok=True)
     key_file.unlink(missing_ok=True)  # (the cache is valid only once every file is written)
     streams = {}
     for split, path in files.items():
         encoded = encode_file(path, vocab, recipe.line_end, recipe.unk_token, description=f"encoding {split}")
-        if len(encoded.ids) < 2:
-            raise TrainingError(f"{path}: {len(encoded.ids)} token(s); too few to predict anything.")
         if encoded.unknown:
             print(f"transformers-xl train: {split}: {encoded.unknown} of {encoded.words} symbols are not in the "
                   f"vocabulary ({encoded.unknown / encoded.words:.3%}), encoded as {recipe.unk_token}", file=sys.stderr)  # fmt: skip
@@ -339,8 +352,6 @@ def train(plan) -> dict:
     if trainer.is_world_process_zero():
         for split in [s for s in ("valid", "test") if s in streams]:
             ids = torch.from_numpy(np.array(streams[split], dtype=np.int64))
-            if len(ids) // final["batch_size"] < 2:
-                raise TrainingError(f"the {split} file is too short for {final['batch_size']} evaluation rows.")
             results[split] = evaluate_stream(
                 model, ids, final["batch_size"], final["tgt_len"], final["mem_len"], final["clamp_len"],
                 final["same_length"], bf16=args.bf16,
