@@ -228,11 +228,7 @@ class MemoryCache(Cache):
             return cls(num_layers, mem_len)
         elif cache.memory(0) is not None:
             check_mems(cache.mems, num_layers, batch_size, width, model, dtype, device)
-<<<<<<< HEAD
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # (Dynamo cannot trace is_inference())
-=======
         if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # (dynamo cannot trace is_inference())
->>>>>>> main
             cache._copy_inference_tensors()
         return cache
 
