@@ -257,15 +257,14 @@ def bench_contention(rounds, legacy_python, config=CONFIG, new_tokens=12, prompt
 
 def streamed_weight_bytes(model) -> int:
     """Bytes of the weights a decoding step must read: every parameter once (tied ones once), except the input
-    embedding's, of which a step reads one row (unless the output layer shares them), and the relative position
-    projections, whose products the memory cache keeps."""
-    embedding = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
+    embedding's tables, of which a step reads one row (unless the output layer shares them), and the relative
+    position projections, whose products the memory cache keeps."""
+    tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)}
     read = {}
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        if not name.startswith(embedding + ".") and not name.endswith(("r_net.weight", "rel_attn.r")):
+        if name not in tables and not name.endswith(("r_net.weight", "rel_attn.r")):
             read[id(parameter)] = parameter.numel() * parameter.element_size()
     return sum(read.values())
-
 
 if __name__ == "__main__":
     main()
