@@ -250,14 +250,17 @@ def relative_attention(
     Queries are processed in blocks of rows (`SCORE_BLOCK_ELEMENTS`; see `_blocks`). Without gradients each block goes
     through torch's fused `scaled_dot_product_attention`, with the other terms as its float mask (without a mask the
     shifted view itself, never copied); with gradients through `_TrainingAttention`, whose backward pass is written
-    out (see there). Under torch.compile both run as one custom operator (`attention_op`). `output_attentions=True`
-    computes the scores explicitly, in one block. Masked scores get the dtype's most negative finite value rather
-    than -inf, so a fully masked query row (a padding position) yields finite output instead of NaN.
+    out (see there). Under torch.compile both run as one custom operator (`attention_op`); torch.export (and so
+    ONNX export, which has no translation for it) traces plain torch operations in one block instead.
+    `output_attentions=True` computes the scores explicitly, in one block. Masked scores get the dtype's most negative
+    finite value rather than -inf, so a fully masked query row (a padding position) yields finite output, not NaN.
     """
     if output_attentions:
         return _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, True)
     tensors = (query, key, value, content_bias, score_bias) + (() if positions is None else positions[:2])
     differentiable = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if torch.compiler.is_exporting():  # (plain operations, which autograd and ONNX translation both take)
+        return _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, False)
     if torch.compiler.is_compiling():
         return _compiled_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout,
                                    differentiable), None  # fmt: skip
