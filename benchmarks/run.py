@@ -619,7 +619,7 @@ def measure_deploy(run: Run, case: Case, folder: Path):
     segment = {side: {"op": "time", "workload": "eval", "variant": side} for side in workers}
     values = {**sides, **timed(segment)}
     workload = f"segment {case.batch} x {case.length}, memory {case.config['mem_len']}"
-    run.add("deploy", case.name, model, workload, "s", {side: values.get(side) for side in DEPLOY_SIDES},
+    run.add("deploy", case.name, model, workload, "s", {side: values[side] for side in DEPLOY_SIDES if side in values},
             tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
     print_row(run.rows[-1])
     new_tokens = 4 if run.args.quick else 16
