@@ -318,6 +318,7 @@ class Run:
     rows: list = field(default_factory=list)
     peak_flops: dict = field(default_factory=dict)  # dtype -> the highest of peak_measurements
     peak_measurements: list = field(default_factory=list)
+    gemv_measurements: list = field(default_factory=list)  # the matrix-vector bandwidth per thread count
     gemv_bandwidth: float = 0.0  # bytes/s, the best of the matrix-vector measurements
 
     def worker(self, folder, implementation, python=None, env=None):
@@ -415,7 +416,7 @@ def measure_peak(run: Run, when: str):
     for threads in sorted({1, run.args.threads}):
         torch.set_num_threads(threads)
         bandwidth = gemv_bandwidth(GEMV_ROWS[run.args.quick])
-        run.peak_measurements.append({"when": when, "gemv_threads": threads, "bytes_per_second": bandwidth})
+        run.gemv_measurements.append({"when": when, "threads": threads, "bytes_per_second": bandwidth})
         run.gemv_bandwidth = max(run.gemv_bandwidth, bandwidth)
         print(f"matrix-vector bandwidth, fp32, {threads} thread(s) ({when}): {bandwidth / 1e9:.1f} GB/s")
     torch.set_num_threads(run.args.threads)
@@ -619,7 +620,7 @@ def measure_deploy(run: Run, case: Case, folder: Path):
     segment = {side: {"op": "time", "workload": "eval", "variant": side} for side in workers}
     values = {**sides, **timed(segment)}
     workload = f"segment {case.batch} x {case.length}, memory {case.config['mem_len']}"
-    run.add("deploy", case.name, model, workload, "s", {side: values[side] for side in DEPLOY_SIDES if side in values},
+    run.add("deploy", case.name, model, workload, "s", {side: values.get(side) for side in DEPLOY_SIDES},
             tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
     print_row(run.rows[-1])
     new_tokens = 4 if run.args.quick else 16
@@ -892,6 +893,7 @@ def main():
         "legacy_python": legacy_python(args.legacy_python),
         "matmul_peak_flops": run.peak_flops,
         "matmul_peak_measurements": run.peak_measurements,
+        "gemv_measurements": run.gemv_measurements,
         "worker_env": KEEP_FREED_MEMORY_ENV if args.keep_freed_memory else {},
         "rows": run.rows,
     }

@@ -113,7 +113,7 @@ def check(results, table, legacy_measured):
     for title in titles:
         assert title in table
     assert results["cpu"] and results["cpu"] in table.splitlines()[0]
-    assert results["gemv_bytes_per_second"] > 0
+    assert results["gemv_bytes_per_second"] == max(m["bytes_per_second"] for m in results["gemv_measurements"]) > 0
     for model in ("Transformer-XL", "XLNet"):  # the floor: the weights a step reads at the measured bandwidth
         row = rows[("floor", model, "greedy, prompt 8")]
         assert row["weight_bytes"] > 0 and row["gemv_bytes_per_second"] == results["gemv_bytes_per_second"]
@@ -137,7 +137,7 @@ def test_quick_run_without_the_legacy_venv(tmp_path):
 def test_quick_run_with_the_legacy_venv(tmp_path):
     results, table = run_quick(tmp_path, os.environ[LEGACY_ENV])
     check(results, table, legacy_measured=True)
-    assert "not measured" not in table
+    assert not [line for line in table.splitlines() if "not measured" in line and "4.37.2" in line]
 
 
 def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measurement(monkeypatch, tmp_path):
