@@ -116,7 +116,8 @@ def check(results, table, legacy_measured):
     assert results["gemv_bytes_per_second"] == max(m["bytes_per_second"] for m in results["gemv_measurements"]) > 0
     for model in ("Transformer-XL", "XLNet"):  # the floor: the weights a step reads at the measured bandwidth
         row = rows[("floor", model, "greedy, prompt 8")]
-        assert row["weight_bytes"] > 0 and row["gemv_bytes_per_second"] == results["gemv_bytes_per_second"]
+        bandwidths = {m["bytes_per_second"] for m in results["gemv_measurements"]}  # (the best known when it ran)
+        assert row["weight_bytes"] > 0 and row["gemv_bytes_per_second"] in bandwidths
         floor = row["sides"]["weight-streaming floor"]["median"]
         assert floor == pytest.approx(row["weight_bytes"] / row["gemv_bytes_per_second"])
     for kind in ("quiet", "one core busy", "beside a torch process"):  # each side against its own quiet time
