@@ -1,7 +1,7 @@
 """What int8 and bf16 cost and buy on a trained model: decoding speed, greedy-token agreement and bits per character.
 
-    transformers-xl demo --output-dir /tmp/demo            # once: trains the demo's model (minutes)
-    python benchmarks/bench_quantization.py /tmp/demo [--new-tokens 256] [--eval-chars 16384] [--rounds 3]
+    transformers-xl demo --output-dir demo-model           # once: trains the demo's model (minutes)
+    python benchmarks/bench_quantization.py demo-model [--new-tokens 256] [--eval-chars 16384] [--rounds 3]
 
 Variants of the demo's model (`FOLDER/model`): fp32 (the reference), int8 (`quantize_dynamic_int8`: torch.ao dynamic
 quantization of every linear layer), bf16 (the weights cast, `model.to(torch.bfloat16)`) and, when torchao is
