@@ -1,5 +1,6 @@
-"""Few-row linear layers on CPU: `F.linear` against `decoding_linear.linear` (the same product asked of BLAS as
-`(W x^T)^T`), side by side, with the weights cold as in a decoding step.
+"""Few-row linear layers on CPU: `F.linear` against `decoding_linear.transposed_linear` (the same product asked of
+BLAS as `(W x^T)^T`, which `decoding_linear.linear` takes on machines where it pays), side by side, with the weights
+cold as in a decoding step.
 
     python benchmarks/bench_linear.py [--rows 1 2 3 4 6 8 16] [--rounds 10] [--dtype bfloat16]
 
@@ -7,9 +8,10 @@ A decoding step reads every weight matrix once, and the model's weights do not f
 product streams its matrix from memory. To measure that, each measurement cycles through enough copies of the
 matrix (about 64 MB in all) that every call finds its weights evicted. Shapes: the XLNet / Transformer-XL
 measurement config (d_model 512, d_inner 2048, vocabulary 32000), fp32, 2 threads. Reports ms per call (median of
-rounds) and the ratio F.linear / ours (> 1: ours is faster). With `--dtype bfloat16`, where `linear` itself is
-`F.linear`, "ours" is the transposed product asked directly: whether bf16 decoding would gain from it too (a bf16 step
-should take half an fp32 step's time, its weights being half the bytes: compare with the fp32 table).
+rounds) and the ratio F.linear / transposed (> 1: the transposed product is faster), and what
+`transposed_product_pays` decided on this machine. With `--dtype bfloat16`: whether bf16 decoding would gain from the
+transposed product too (a bf16 step should take half an fp32 step's time, its weights being half the bytes: compare
+with the fp32 table).
 """
 
 import argparse
@@ -19,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transformers_xl.modeling.decoding_linear import linear
+from transformers_xl.modeling.decoding_linear import transposed_linear, transposed_product_pays
 
 SHAPES = {  # name: (out_features, in_features)
     "attention output 512 -> 512": (512, 512),
@@ -43,12 +45,6 @@ def cold_ms(function, weights, biases, x, rounds):
     return statistics.median(times)
 
 
-def transposed_product(x, weight, bias):
-    """`linear`'s product, `(W x^T)^T`, for any dtype (a single row doubled, as there)."""
-    flat = torch.cat([x, x]) if x.shape[0] == 1 else x
-    return torch.addmm(bias[:, None], weight, flat.t()).t()[: x.shape[0]]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 16])
@@ -56,10 +52,10 @@ def main():
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    ours = linear if dtype == torch.float32 else transposed_product
     torch.set_num_threads(2)
-    print(f"{args.dtype}, ms per call with cold weights")
-    print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {'ours':>10} {'F.linear / ours':>16}")
+    print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the transposed product for fp32 on "
+          f"this machine: {transposed_product_pays(2)}")
+    print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {'transposed':>10} {'F.linear / transposed':>22}")
     for name, (out_features, in_features) in SHAPES.items():
         copies = max(2, COLD_BYTES // (out_features * in_features * dtype.itemsize))
         weights = [torch.randn(out_features, in_features, dtype=dtype) for _ in range(copies)]
@@ -68,10 +64,10 @@ def main():
             x = torch.randn(rows, in_features, dtype=dtype)
             expected = F.linear(x, weights[0], biases[0])  # entries ~sqrt(in_features): sums differ a bit
             tolerance = 1e-4 if dtype == torch.float32 else 0.5
-            torch.testing.assert_close(ours(x, weights[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
+            torch.testing.assert_close(transposed_linear(x, weights[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
             reference = cold_ms(F.linear, weights, biases, x, args.rounds)
-            own = cold_ms(ours, weights, biases, x, args.rounds)
-            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {reference / own:>15.2f}x")
+            own = cold_ms(transposed_linear, weights, biases, x, args.rounds)
+            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {reference / own:>21.2f}x")
 
 
 if __name__ == "__main__":

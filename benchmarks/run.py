@@ -424,13 +424,13 @@ def measure_peak(run: Run, when: str):
 
 def gemv_bandwidth(rows, calls=5):
     """Bytes/s of the best of `calls` products of a [rows, 512] fp32 matrix with one vector, asked of BLAS both ways
-    (`F.linear` and `decoding_linear.linear`), after warm-up: how fast this machine streams weights from memory,
-    which bounds a decoding step."""
-    from transformers_xl.modeling.decoding_linear import linear
+    (`F.linear` and `decoding_linear.transposed_linear`), after warm-up: how fast this machine streams weights from
+    memory, which bounds a decoding step."""
+    from transformers_xl.modeling.decoding_linear import transposed_linear
 
     weight, vector = torch.randn(rows, 512), torch.randn(1, 512)
     best = 0.0
-    for product in (lambda: torch.nn.functional.linear(vector, weight), lambda: linear(vector, weight)):
+    for product in (lambda: torch.nn.functional.linear(vector, weight), lambda: transposed_linear(vector, weight)):
         for _ in range(2):
             product()
         best = max(best, weight.numel() * weight.element_size() / min(seconds(product) for _ in range(calls)))

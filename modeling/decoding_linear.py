@@ -1,12 +1,13 @@
 """Linear layers that stay fast for the few rows of a decoding step on CPU, and stay replaceable.
 
 `F.linear(x, W)` asks BLAS for `x W^T` (W stored [out, in]). On CPU in fp32 with a handful of rows (a generation
-step feeds 1-3 tokens per sequence) MKL serves that call from a matrix-vector path that streams the weights from
-memory at about a third of the speed it reaches for the same product asked as `(W x^T)^T`, the one layout change
-here. Decoding steps read every weight once per token, so this is most of their time: on this project's CPUs the
-32000-word output layer takes 3.4 ms instead of 7.1 ms for one row, a 512 -> 2048 feed-forward layer 0.25 instead of
-0.80 ms for three (`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product,
-up to the order of the floating-point sums.
+step feeds 1-3 tokens per sequence) BLAS serves that call from a matrix-vector path, and how fast that path streams
+the weights depends on the CPU: MKL on this project's AMD EPYC machines streams them at about a third of the speed
+it reaches for the same product asked as `(W x^T)^T` (the 32000-word output layer: 3.4 instead of 7.1 ms for one
+row), while on an Intel Xeon with AVX-512 the plain call is the faster one by 2x. Decoding steps read every weight
+once per token, so the choice is most of their time, and `transposed_product_pays` measures it once per process
+(`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product, up to the order of
+the floating-point sums.
 
 Everything else (GPU, half precision, more than `MAX_ROWS` rows, one row into a narrower output, where the
 matrix-vector path is the faster one, or torch.compile) goes to `F.linear` unchanged.
@@ -15,15 +16,10 @@ The models keep their layers plain `nn.Linear` modules and call them through `li
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
 `quantize_dynamic`) or its weight by a tensor subclass (torchao's `quantize_`) then reach every layer, and the model
 runs whatever they put there.
-
-A decoding step is also too small to split between threads: each of its hundreds of small operations ends at a
-barrier where OpenMP's threads wait for each other, so when another process holds a core (a training run, a
-tokenizer, a busy loop) every operation waits for a thread the OS has not scheduled, and a step took 10x as long
-beside a second torch process. `on_decoding_threads` runs decoding steps on `DECODING_THREADS` threads.
 """
 
 import functools
-import inspect
+import time
 
 import torch
 import torch.nn.functional as F
@@ -45,14 +41,41 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         or not is_plain_tensor(weight)  # (a quantized tensor subclass implements F.linear, not mm)
         or not 0 < rows <= MAX_ROWS
         or (rows == 1 and out_features <= in_features)
+        or not transposed_product_pays(torch.get_num_threads())
     ):
         return F.linear(x, weight, bias)
+    return transposed_linear(x, weight, bias)
+
+
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` asked of BLAS as `(weight x^T)^T`."""
+    out_features, in_features = weight.shape
+    rows = x.numel() // in_features
     flat = x.reshape(rows, in_features)
-    # The fast call wants x^T as a transposed view of row-major rows; a single row is doubled (a matrix-vector
-    # product would take the slow path again).
+    # The call wants x^T as a transposed view of row-major rows; a single row is doubled (a matrix-vector product
+    # would take the matrix-vector path again).
     flat = torch.cat([flat, flat]) if rows == 1 else flat.contiguous()
     product = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
     return product.t()[:rows].contiguous().view(*x.shape[:-1], out_features)
+
+
+@functools.cache
+def transposed_product_pays(threads: int) -> bool:
+    """Whether this machine's BLAS, on `threads` threads, serves a one-row fp32 product with weights out of the caches
+    clearly faster asked as `(W x^T)^T` than as `F.linear`: timed once per thread count, both ways alternating, on
+    copies of a [4096, 512] matrix (32 MiB in all, so that each call reads its weights from memory as a decoding step
+    does); under a tenth of a second."""
+    weights = [torch.ones(4096, 512, dtype=torch.float32, device="cpu") for _ in range(4)]
+    x = torch.ones(1, 512, dtype=torch.float32, device="cpu")
+    ways = {"plain": lambda w: F.linear(x, w), "transposed": lambda w: transposed_linear(x, w)}
+    best = dict.fromkeys(ways, float("inf"))
+    for _ in range(4):
+        for name, product in ways.items():
+            start = time.perf_counter()
+            for weight in weights:
+                product(weight)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best["transposed"] < 0.8 * best["plain"]  # (a near tie keeps the plain call)
 
 
 def is_plain_tensor(tensor: torch.Tensor) -> bool:
@@ -73,40 +96,3 @@ def linear_layer(layer: nn.Module, x: torch.Tensor, features: slice = slice(None
         return output if features == slice(None) else output[..., features]
     bias = None if layer.bias is None else layer.bias[features]
     return linear(x, layer.weight[features], bias)
-
-
-# Threads of a decoding step (see the module docstring; None: torch's own setting). One thread decodes about as fast
-# as two on a quiet 2-core machine, and a busy core then costs a step little (`benchmarks/run.py --workloads
-# contention` measures both).
-DECODING_THREADS = 1
-# A forward pass that feeds a cache at most this many tokens (all sequences together) is a decoding step.
-DECODING_STEP_TOKENS = 16
-
-
-def on_decoding_threads(forward):
-    """Decorator of a language model's `forward(input_ids, ..., cache=...)`: a decoding step (a cache, at most
-    `DECODING_STEP_TOKENS` input ids, on CPU, no gradients) runs with torch limited to `DECODING_THREADS` threads,
-    and torch's setting is restored afterwards."""
-    signature = inspect.signature(forward)
-
-    @functools.wraps(forward)
-    def wrapper(*args, **kwargs):
-        if DECODING_THREADS is None or torch.compiler.is_compiling() or torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        arguments = signature.bind_partial(*args, **kwargs).arguments
-        input_ids, previous = arguments.get("input_ids"), torch.get_num_threads()
-        if (
-            DECODING_THREADS >= previous
-            or arguments.get("cache") is None
-            or input_ids is None
-            or input_ids.numel() > DECODING_STEP_TOKENS
-            or input_ids.device.type != "cpu"
-        ):
-            return forward(*args, **kwargs)
-        torch.set_num_threads(DECODING_THREADS)
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            torch.set_num_threads(previous)
-
-    return wrapper

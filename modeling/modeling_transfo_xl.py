@@ -24,7 +24,8 @@ from transformers.utils import ModelOutput
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
 from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
-from .decoding_linear import linear_layer, on_decoding_threads
+from .decoding_linear import linear_layer
+from .decoding_threads import on_decoding_threads
 from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (

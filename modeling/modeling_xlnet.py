@@ -35,7 +35,8 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
-from .decoding_linear import is_plain_linear, linear, linear_layer, on_decoding_threads
+from .decoding_linear import is_plain_linear, linear, linear_layer
+from .decoding_threads import on_decoding_threads
 from .input_checks import (
     check_class_ids,
     check_inputs,

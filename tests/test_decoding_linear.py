@@ -11,11 +11,13 @@ from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_la
 
 
 def refuse_f_linear(monkeypatch):
-    """Make the F.linear fallback fail, to prove that a call took the transposed product."""
+    """On a machine where the transposed product pays, make the F.linear fallback fail, to prove that a call took the
+    transposed product."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("F.linear called")
 
+    monkeypatch.setattr(decoding_linear, "transposed_product_pays", lambda threads: True)
     monkeypatch.setattr(decoding_linear.F, "linear", refuse)
 
 
@@ -58,6 +60,21 @@ def test_gradients_equal_f_linear():
 )
 def test_other_cases_are_f_linear_exactly(x, weight):
     assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+def test_where_the_transposed_product_does_not_pay_linear_is_f_linear_exactly(monkeypatch):
+    monkeypatch.setattr(decoding_linear, "transposed_product_pays", lambda threads: False)
+    x, weight, bias = torch.randn(3, 16), torch.randn(48, 16), torch.randn(48)
+    assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+def test_the_layout_is_measured_once_per_thread_count():
+    decoding_linear.transposed_product_pays.cache_clear()
+    threads = torch.get_num_threads()
+    assert isinstance(decoding_linear.transposed_product_pays(threads), bool)
+    decoding_linear.transposed_product_pays(threads)
+    info = decoding_linear.transposed_product_pays.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
 
 
 def test_output_features_of_a_plain_layer_read_only_their_weights(monkeypatch):
@@ -104,44 +121,3 @@ def test_a_tensor_subclass_weight_is_not_read_by_mm():
     weight = torch.randn(48, 16).as_subclass(Subclass)
     x = torch.randn(3, 16)
     torch.testing.assert_close(linear(x, weight).as_subclass(torch.Tensor), x @ weight.as_subclass(torch.Tensor).t())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Decoding steps on DECODING_THREADS threads
-
-
-def tiny_language_models():
-    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
-
-    torch.manual_seed(0)
-    txl = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=60, cutoffs=[20, 40], d_model=16, d_embed=16, n_head=2,
-                                               d_head=8, d_inner=32, n_layer=2, mem_len=32, eos_token_id=None))
-    xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=60, d_model=16, n_layer=2, n_head=2, d_inner=32))
-    return {"transfo-xl": txl.eval(), "xlnet": xlnet.eval()}
-
-
-@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
-def test_decoding_steps_run_on_decoding_threads_and_restore_the_setting(model_type, monkeypatch):
-    """generate(): the prompt's forward pass keeps torch's thread count, every decoding step runs on
-    DECODING_THREADS, and the count is torch's again afterwards (also after a step that raised)."""
-    model = tiny_language_models()[model_type]
-    seen = []
-    model.transformer.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(3)
-    try:
-        prompt = torch.randint(1, 60, (1, 20), generator=torch.Generator().manual_seed(0))
-        model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
-        assert seen[0] == 3 and seen[1:] == [decoding_linear.DECODING_THREADS] * (len(seen) - 1) and len(seen) >= 3
-        assert torch.get_num_threads() == 3
-        monkeypatch.setattr(decoding_linear, "DECODING_THREADS", None)  # (torch's setting throughout)
-        seen.clear()
-        model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
-        assert set(seen) == {3}
-        monkeypatch.setattr(decoding_linear, "DECODING_THREADS", 1)
-        model.transformer.register_forward_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("failed step")))
-        with pytest.raises(RuntimeError, match="failed step"):
-            model.generate(prompt[:, :4], max_new_tokens=3, do_sample=False, pad_token_id=0)
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(previous)

@@ -1,0 +1,123 @@
+"""How many threads a decoding step runs on: one per core that other processes leave idle, re-measured as it goes.
+
+A decoding step is too small to split well between threads: each of its hundreds of small operations ends at a
+barrier where OpenMP's threads wait for each other, so when another process holds a core (a training run, a
+tokenizer, a busy loop) every operation waits for a thread the OS has not scheduled, and a step took 10x as long
+beside a second torch process on 2 threads. On a quiet machine, though, the step's time is reading its weights, and
+two threads stream them faster than one (a 2-core Xeon: 17 GB/s against 9-11), so a fixed single thread leaves a
+quiet machine's second core unused.
+
+`IdleCores` reads how much CPU time the other processes took in the last quarter second (Linux's `/proc/stat`, all
+cores' busy time less this process's own) and `on_decoding_threads` runs each decoding step on as many threads as
+there are cores they left idle, at most torch's setting and at least one. Where `/proc/stat` cannot be read a step
+runs on one thread.
+"""
+
+import functools
+import inspect
+import math
+import os
+import time
+from typing import NamedTuple
+
+import torch
+
+
+# Threads of a decoding step: "idle cores" (one per core other processes leave idle), a number, or None (torch's
+# own setting).
+DECODING_THREADS: int | str | None = "idle cores"
+# A forward pass that feeds a cache at most this many tokens (all sequences together) is a decoding step.
+DECODING_STEP_TOKENS = 16
+
+
+class CpuTimes(NamedTuple):
+    """One reading: when (s), the busy seconds of all cores together, this process's CPU seconds, the core count."""
+
+    when: float
+    busy: float
+    own: float
+    cores: int
+
+
+def read_cpu_times() -> CpuTimes | None:
+    """The machine's busy core-seconds from `/proc/stat`'s first line (everything but idle and iowait, guests being
+    counted in user time already), and this process's CPU time; None where there is no `/proc/stat`."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]
+    busy = (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+    return CpuTimes(time.monotonic(), busy, time.process_time(), os.cpu_count() or 1)
+
+
+class IdleCores:
+    """Cores that other processes left idle over the last `WINDOW` seconds, re-read at most once a window.
+
+    A core counts as taken when the others used more than `TAKEN` of it: a busy loop beside a step on two threads
+    gets about 2/3 of a core (three runnable threads on two cores), a quiet machine's daemons a few percent."""
+
+    WINDOW = 0.25
+    TAKEN = 1 / 3
+
+    def __init__(self, read=read_cpu_times):
+        self.read = read
+        self.last = None
+        self.idle = 1  # (until the first window has passed)
+
+    def __call__(self) -> int:
+        now = self.read()
+        if now is None:
+            return 1
+        if self.last is None:
+            self.last = now
+        elif now.when - self.last.when >= self.WINDOW:
+            others = ((now.busy - self.last.busy) - (now.own - self.last.own)) / (now.when - self.last.when)
+            self.idle = max(1, now.cores - max(0, math.ceil(others - self.TAKEN)))
+            self.last = now
+        return self.idle
+
+
+idle_cores = IdleCores()
+
+
+def decoding_threads() -> int | None:
+    """The thread count of a decoding step under `DECODING_THREADS` (None: leave torch's setting)."""
+    if DECODING_THREADS == "idle cores":
+        return idle_cores()
+    if DECODING_THREADS is None or isinstance(DECODING_THREADS, int):
+        return DECODING_THREADS
+    raise ValueError(f"DECODING_THREADS is {DECODING_THREADS!r}; expected 'idle cores', a number of threads or None")
+
+
+def on_decoding_threads(forward):
+    """Decorator of a language model's `forward(input_ids, ..., cache=...)`: a decoding step (a cache, at most
+    `DECODING_STEP_TOKENS` input ids, on CPU, no gradients) runs on `decoding_threads()` threads when that is fewer
+    than torch's setting, and torch's setting is restored afterwards."""
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def wrapper(*args, **kwargs):
+        if DECODING_THREADS is None or torch.compiler.is_compiling() or torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        input_ids = arguments.get("input_ids")
+        if (
+            arguments.get("cache") is None
+            or input_ids is None
+            or input_ids.numel() > DECODING_STEP_TOKENS
+            or input_ids.device.type != "cpu"
+        ):
+            return forward(*args, **kwargs)
+        previous = torch.get_num_threads()
+        threads = decoding_threads()
+        if threads >= previous:
+            return forward(*args, **kwargs)
+        torch.set_num_threads(threads)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            torch.set_num_threads(previous)
+
+    return wrapper

@@ -1,0 +1,118 @@
+"""Decoding steps run on one thread per core that other processes leave idle (decoding_threads.py): the policy from
+CPU-time readings, a real reading beside a busy process, and generate() switching threads per step and back."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from transformers_xl.modeling import decoding_threads
+from transformers_xl.modeling.decoding_threads import CpuTimes, IdleCores, read_cpu_times
+
+
+def readings(*others_per_window, cores=2, window=IdleCores.WINDOW):
+    """A fake `read`: consecutive readings one window apart in which other processes used the given cores on average
+    and this process one core."""
+    when, busy, own = 0.0, 0.0, 0.0
+    yield CpuTimes(when, busy, own, cores)
+    for others in others_per_window:
+        when, busy, own = when + window, busy + (others + 1) * window, own + window
+        yield CpuTimes(when, busy, own, cores)
+
+
+@pytest.mark.parametrize(
+    "others, cores, idle",
+    [
+        (0.0, 2, 2),  # a quiet machine
+        (0.05, 2, 2),  # its daemons
+        (0.3, 2, 2),
+        (0.4, 2, 1),  # a busy loop that our two spinning threads hold to part of a core
+        (1.0, 2, 1),  # a busy loop
+        (2.0, 2, 1),  # a second torch process on two threads: never fewer than one
+        (1.5, 4, 2),
+        (0.0, 8, 8),
+    ],
+)
+def test_idle_cores_from_the_others_cpu_time(others, cores, idle):
+    watch = IdleCores(readings(others, cores=cores).__next__)
+    assert watch() == 1  # (no window yet: one thread)
+    assert watch() == idle
+
+
+def test_idle_cores_keep_their_count_within_a_window_and_follow_the_next():
+    fake = iter([CpuTimes(0.0, 0.0, 0.0, 2), CpuTimes(0.1, 0.1, 0.1, 2), CpuTimes(0.3, 0.3, 0.3, 2),
+                 CpuTimes(0.4, 0.5, 0.4, 2), CpuTimes(0.6, 0.9, 0.5, 2)])  # fmt: skip
+    watch = IdleCores(fake.__next__)
+    assert [watch() for _ in range(5)] == [1, 1, 2, 2, 1]  # (quiet over 0-0.3 s; others took a core over 0.3-0.6 s)
+
+
+def test_without_proc_stat_a_step_runs_on_one_thread():
+    assert IdleCores(lambda: None)() == 1
+
+
+@pytest.mark.skipif(read_cpu_times() is None, reason="no /proc/stat on this system")
+def test_a_busy_process_is_seen_taking_a_core():
+    """A real reading: a busy loop in another process takes most of a core over half a second."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        first = read_cpu_times()
+        time.sleep(0.5)
+        second = read_cpu_times()
+    finally:
+        busy.kill()
+        busy.wait()
+    others = ((second.busy - first.busy) - (second.own - first.own)) / (second.when - first.when)
+    assert others > 0.5
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# generate(): decoding steps on decoding_threads()
+
+
+def tiny_language_models():
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    txl = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=60, cutoffs=[20, 40], d_model=16, d_embed=16, n_head=2,
+                                               d_head=8, d_inner=32, n_layer=2, mem_len=32, eos_token_id=None))
+    xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=60, d_model=16, n_layer=2, n_head=2, d_inner=32))
+    return {"transfo-xl": txl.eval(), "xlnet": xlnet.eval()}
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_decoding_steps_run_on_decoding_threads_and_restore_the_setting(model_type, monkeypatch):
+    """generate(): the prompt's forward pass keeps torch's thread count, every decoding step runs on the idle cores'
+    count (or DECODING_THREADS's number), and the count is torch's again afterwards (also after a step that
+    raised)."""
+    model = tiny_language_models()[model_type]
+    seen = []
+    model.transformer.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    prompt = torch.randint(1, 60, (1, 20), generator=torch.Generator().manual_seed(0))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        monkeypatch.setattr(decoding_threads, "idle_cores", lambda: 2)
+        model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert seen[0] == 3 and seen[1:] == [2] * (len(seen) - 1) and len(seen) >= 3
+        assert torch.get_num_threads() == 3
+        for setting, expected in [(1, {1}), (None, {3}), (8, {3})]:  # (never more than torch's setting)
+            monkeypatch.setattr(decoding_threads, "DECODING_THREADS", setting)
+            seen.clear()
+            model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+            assert set(seen[1:]) == expected and torch.get_num_threads() == 3
+        monkeypatch.setattr(decoding_threads, "DECODING_THREADS", 1)
+        model.transformer.register_forward_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("failed step")))
+        with pytest.raises(RuntimeError, match="failed step"):
+            model.generate(prompt[:, :4], max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_an_unknown_setting_is_refused(monkeypatch):
+    monkeypatch.setattr(decoding_threads, "DECODING_THREADS", "all")
+    with pytest.raises(ValueError, match="DECODING_THREADS is 'all'; expected 'idle cores', a number of threads or None"):
+        decoding_threads.decoding_threads()
