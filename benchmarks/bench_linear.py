@@ -53,8 +53,9 @@ def main():
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(2)
-    print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the transposed product for fp32 on "
-          f"this machine: {transposed_product_pays(2)}")
+    pays = transposed_product_pays(2)
+    print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the transposed product for fp32 "
+          f"on this machine: {pays}")
     print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {'transposed':>10} {'F.linear / transposed':>22}")
     for name, (out_features, in_features) in SHAPES.items():
         copies = max(2, COLD_BYTES // (out_features * in_features * dtype.itemsize))
@@ -64,10 +65,12 @@ def main():
             x = torch.randn(rows, in_features, dtype=dtype)
             expected = F.linear(x, weights[0], biases[0])  # entries ~sqrt(in_features): sums differ a bit
             tolerance = 1e-4 if dtype == torch.float32 else 0.5
-            torch.testing.assert_close(transposed_linear(x, weights[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
+            transposed = transposed_linear(x, weights[0], biases[0])
+            torch.testing.assert_close(transposed, expected, rtol=tolerance, atol=tolerance)
             reference = cold_ms(F.linear, weights, biases, x, args.rounds)
             own = cold_ms(transposed_linear, weights, biases, x, args.rounds)
-            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {reference / own:>21.2f}x")
+            ratio = reference / own
+            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {ratio:>21.2f}x")
 
 
 if __name__ == "__main__":

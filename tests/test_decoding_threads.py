@@ -114,5 +114,6 @@ def test_decoding_steps_run_on_decoding_threads_and_restore_the_setting(model_ty
 
 def test_an_unknown_setting_is_refused(monkeypatch):
     monkeypatch.setattr(decoding_threads, "DECODING_THREADS", "all")
-    with pytest.raises(ValueError, match="DECODING_THREADS is 'all'; expected 'idle cores', a number of threads or None"):
+    expected = "DECODING_THREADS is 'all'; expected 'idle cores', a number of threads or None"
+    with pytest.raises(ValueError, match=expected):
         decoding_threads.decoding_threads()
