@@ -52,6 +52,11 @@ def read_cpu_times() -> CpuTimes | None:
     return CpuTimes(time.monotonic(), busy, time.process_time(), os.cpu_count() or 1)
 
 
+def others_busy(first: CpuTimes, second: CpuTimes) -> float:
+    """Cores the other processes kept busy on average between two readings."""
+    return ((second.busy - first.busy) - (second.own - first.own)) / (second.when - first.when)
+
+
 class IdleCores:
     """Cores that other processes left idle over the last `WINDOW` seconds, re-read at most once a window.
 
@@ -73,7 +78,7 @@ class IdleCores:
         if self.last is None:
             self.last = now
         elif now.when - self.last.when >= self.WINDOW:
-            others = ((now.busy - self.last.busy) - (now.own - self.last.own)) / (now.when - self.last.when)
+            others = others_busy(self.last, now)
             self.idle = max(1, now.cores - max(0, math.ceil(others - self.TAKEN)))
             self.last = now
         return self.idle
@@ -82,13 +87,16 @@ class IdleCores:
 idle_cores = IdleCores()
 
 
-def decoding_threads() -> int | None:
-    """The thread count of a decoding step under `DECODING_THREADS` (None: leave torch's setting)."""
+def decoding_threads() -> int:
+    """The thread count of a decoding step under `DECODING_THREADS` (not None: `on_decoding_threads` leaves torch's
+    setting alone then)."""
     if DECODING_THREADS == "idle cores":
         return idle_cores()
-    if DECODING_THREADS is None or isinstance(DECODING_THREADS, int):
+    if isinstance(DECODING_THREADS, int) and DECODING_THREADS >= 1:
         return DECODING_THREADS
-    raise ValueError(f"DECODING_THREADS is {DECODING_THREADS!r}; expected 'idle cores', a number of threads or None")
+    raise ValueError(
+        f"DECODING_THREADS is {DECODING_THREADS!r}; expected 'idle cores', a number of threads (1 or more) or None"
+    )
 
 
 def on_decoding_threads(forward):

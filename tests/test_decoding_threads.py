@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transformers_xl.modeling import decoding_threads
-from transformers_xl.modeling.decoding_threads import CpuTimes, IdleCores, read_cpu_times
+from transformers_xl.modeling.decoding_threads import CpuTimes, IdleCores, others_busy, read_cpu_times
 
 
 def readings(*others_per_window, cores=2, window=IdleCores.WINDOW):
@@ -64,8 +64,7 @@ def test_a_busy_process_is_seen_taking_a_core():
     finally:
         busy.kill()
         busy.wait()
-    others = ((second.busy - first.busy) - (second.own - first.own)) / (second.when - first.when)
-    assert others > 0.5
+    assert others_busy(first, second) > 0.5
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -112,8 +111,9 @@ def test_decoding_steps_run_on_decoding_threads_and_restore_the_setting(model_ty
         torch.set_num_threads(previous)
 
 
-def test_an_unknown_setting_is_refused(monkeypatch):
-    monkeypatch.setattr(decoding_threads, "DECODING_THREADS", "all")
-    expected = "DECODING_THREADS is 'all'; expected 'idle cores', a number of threads or None"
+@pytest.mark.parametrize("setting", ["all", 0])
+def test_an_unknown_setting_is_refused(setting, monkeypatch):
+    monkeypatch.setattr(decoding_threads, "DECODING_THREADS", setting)
+    expected = rf"DECODING_THREADS is {setting!r}; expected 'idle cores', a number of threads \(1 or more\) or None"
     with pytest.raises(ValueError, match=expected):
         decoding_threads.decoding_threads()
