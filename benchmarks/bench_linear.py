@@ -9,9 +9,10 @@ product streams its matrix from memory. To measure that, each measurement cycles
 matrix (about 64 MB in all) that every call finds its weights evicted. Shapes: the XLNet / Transformer-XL
 measurement config (d_model 512, d_inner 2048, vocabulary 32000), fp32, 2 threads. Reports ms per call (median of
 rounds) and the ratio F.linear / transposed (> 1: the transposed product is faster), and what
-`transposed_product_pays` decided on this machine. With `--dtype bfloat16`: whether bf16 decoding would gain from the
-transposed product too (a bf16 step should take half an fp32 step's time, its weights being half the bytes: compare
-with the fp32 table).
+`transposed_product_pays` decided on this machine. With `--dtype bfloat16` the other side is the product bf16
+decoding steps take instead, oneDNN's from a packed copy of the weight (`decoding_linear.packed_linear`), and what
+`packed_product_pays` decided (a bf16 step should take half an fp32 step's time, its weights being half the bytes:
+compare with the fp32 table).
 """
 
 import argparse
@@ -21,7 +22,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transformers_xl.modeling.decoding_linear import transposed_linear, transposed_product_pays
+from transformers_xl.modeling.decoding_linear import (
+    pack,
+    packed_linear,
+    packed_product_pays,
+    transposed_linear,
+    transposed_product_pays,
+)
 
 SHAPES = {  # name: (out_features, in_features)
     "attention output 512 -> 512": (512, 512),
@@ -53,25 +60,26 @@ def main():
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(2)
-    pays = transposed_product_pays(2)
-    print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the transposed product for fp32 "
-          f"on this machine: {pays}")
-    print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {'transposed':>10} {'F.linear / transposed':>22}")
+    if dtype == torch.float32:
+        side, product, prepare, pays = "transposed", transposed_linear, lambda weight: weight, transposed_product_pays(2)
+    else:
+        side, product, prepare, pays = "packed", packed_linear, pack, packed_product_pays(2)
+    print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the {side} product for "
+          f"{args.dtype} on this machine: {pays}")
+    print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {side:>10} {f'F.linear / {side}':>22}")
     for name, (out_features, in_features) in SHAPES.items():
         copies = max(2, COLD_BYTES // (out_features * in_features * dtype.itemsize))
         weights = [torch.randn(out_features, in_features, dtype=dtype) for _ in range(copies)]
+        prepared = [prepare(weight) for weight in weights]
         biases = [torch.randn(out_features, dtype=dtype) for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, in_features, dtype=dtype)
             expected = F.linear(x, weights[0], biases[0])  # entries ~sqrt(in_features): sums differ a bit
             tolerance = 1e-4 if dtype == torch.float32 else 0.5
-            transposed = transposed_linear(x, weights[0], biases[0])
-            torch.testing.assert_close(transposed, expected, rtol=tolerance, atol=tolerance)
+            torch.testing.assert_close(product(x, prepared[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
             reference = cold_ms(F.linear, weights, biases, x, args.rounds)
-            own = cold_ms(transposed_linear, weights, biases, x, args.rounds)
-            ratio = reference / own
-            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {ratio:>21.2f}x")
-
+            own = cold_ms(product, prepared, biases, x, args.rounds)
+            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {reference / own:>21.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,15 @@ once per token, so the choice is most of their time, and `transposed_product_pay
 (`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product, up to the order of
 the floating-point sums.
 
-Everything else (GPU, half precision, more than `MAX_ROWS` rows, one row into a narrower output, where the
-matrix-vector path is the faster one, or torch.compile) goes to `F.linear` unchanged.
+In bf16 the same few-row products are slow in torch's own kernels (about 11 GB/s of weights on the AMD EPYC, less
+than fp32's transposed product reads twice the bytes at), while oneDNN, given the weight once in its own blocked
+layout, streams it at about 27 GB/s: where `packed_product_pays` measures that, bf16 decoding steps multiply by a
+packed copy of each weight, made on first use and kept as long as the weight lives and is not modified (see
+`packed_weight`). The copy is what a bf16 model pays for it: its weights' memory twice, an fp32 model's.
+
+Everything else (GPU, fp16, more than `MAX_ROWS` rows, one fp32 row into a narrower output, where the
+matrix-vector path is the faster one, gradients through a packed product, or torch.compile) goes to `F.linear`
+unchanged.
 
 The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
@@ -24,24 +31,36 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows on, either call may win
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for weight [out, in], computed as `(weight x^T)^T` when that is faster."""
+    """`F.linear(x, weight, bias)` for weight [out, in], through the faster product for a few rows on CPU."""
     out_features, in_features = weight.shape
     rows = x.numel() // in_features
     if (
         torch.compiler.is_compiling()  # a compiled graph picks its own kernels (and `rows` may be data-dependent)
         or x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or weight.dtype != torch.float32
+        or x.dtype != weight.dtype
         or not is_plain_tensor(weight)  # (a quantized tensor subclass implements F.linear, not mm)
         or not 0 < rows <= MAX_ROWS
+    ):
+        return F.linear(x, weight, bias)
+    threads = torch.get_num_threads()
+    if x.dtype == torch.bfloat16:
+        differentiable = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+        # (a weight made under inference_mode has no version counter to say when its packed copy is stale)
+        if differentiable or weight.is_inference() or not packed_product_pays(threads):
+            return F.linear(x, weight, bias)
+        return packed_linear(x, packed_weight(weight), bias)
+    if (
+        x.dtype != torch.float32
+        or not weight.is_contiguous()  # (a transposed view would be copied, or read across its rows)
         or (rows == 1 and out_features <= in_features)
-        or not transposed_product_pays(torch.get_num_threads())
+        or not transposed_product_pays(threads)
     ):
         return F.linear(x, weight, bias)
     return transposed_linear(x, weight, bias)
@@ -59,23 +78,68 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return product.t()[:rows].contiguous().view(*x.shape[:-1], out_features)
 
 
-@functools.cache
-def transposed_product_pays(threads: int) -> bool:
-    """Whether this machine's BLAS, on `threads` threads, serves a one-row fp32 product with weights out of the caches
-    clearly faster asked as `(W x^T)^T` than as `F.linear`: timed once per thread count, both ways alternating, on
-    copies of a [4096, 512] matrix (32 MiB in all, so that each call reads its weights from memory as a decoding step
-    does); under a tenth of a second."""
-    weights = [torch.ones(4096, 512, dtype=torch.float32, device="cpu") for _ in range(4)]
-    x = torch.ones(1, 512, dtype=torch.float32, device="cpu")
-    ways = {"plain": lambda w: F.linear(x, w), "transposed": lambda w: transposed_linear(x, w)}
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` by oneDNN, for `packed = pack(weight)` (bf16)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "").view(*x.shape[:-1], -1)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] in oneDNN's blocked layout for products of a row or a few (an opaque tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+
+
+# weight's base tensor (the parameter a slice or reshape of it views) -> {the view's layout: (version, packed)}
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`pack(weight)`, made once per weight: kept while the parameter it views lives, and made anew once that
+    parameter is modified in place (an optimizer step, `load_state_dict`), which moves its version counter."""
+    base = weight if weight._base is None else weight._base
+    layout = (weight.storage_offset(), tuple(weight.shape), weight.stride())
+    versions = _PACKED.setdefault(base, {})
+    version, packed = versions.get(layout, (None, None))
+    if version != weight._version:
+        with torch.no_grad():
+            packed = pack(weight)
+        versions[layout] = (weight._version, packed)
+    return packed
+
+
+def _clearly_faster(product, prepare, dtype: torch.dtype) -> bool:
+    """Whether `product(x, prepare(weight))` computes a one-row product with weights out of the caches clearly faster
+    than `F.linear(x, weight)`: timed both ways, alternating, on copies of a [4096, 512] matrix (32 MiB in all, so
+    that each call reads its weights from memory as a decoding step does); under a tenth of a second."""
+    copies = 32 * 2**20 // (4096 * 512 * dtype.itemsize)
+    weights = [torch.ones(4096, 512, dtype=dtype, device="cpu") for _ in range(copies)]
+    prepared = [prepare(weight) for weight in weights]
+    x = torch.ones(1, 512, dtype=dtype, device="cpu")
+    ways = {"plain": lambda i: F.linear(x, weights[i]), "other": lambda i: product(x, prepared[i])}
     best = dict.fromkeys(ways, float("inf"))
     for _ in range(4):
-        for name, product in ways.items():
+        for name, call in ways.items():
             start = time.perf_counter()
-            for weight in weights:
-                product(weight)
+            for i in range(copies):
+                call(i)
             best[name] = min(best[name], time.perf_counter() - start)
-    return best["transposed"] < 0.8 * best["plain"]  # (a near tie keeps the plain call)
+    return best["other"] < 0.8 * best["plain"]  # (a near tie keeps the plain call)
+
+
+@functools.cache
+def transposed_product_pays(threads: int) -> bool:
+    """Whether this machine's BLAS, on `threads` threads, serves a one-row fp32 product clearly faster asked as
+    `(W x^T)^T` than as `F.linear` (measured once per thread count)."""
+    return _clearly_faster(transposed_linear, lambda weight: weight, torch.float32)
+
+
+@functools.cache
+def packed_product_pays(threads: int) -> bool:
+    """Whether oneDNN, on `threads` threads, computes a one-row bf16 product clearly faster from a packed weight than
+    `F.linear` does (measured once per thread count; False where this CPU or build has no bf16 oneDNN kernels)."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    return _clearly_faster(packed_linear, pack, torch.bfloat16)
 
 
 def is_plain_tensor(tensor: torch.Tensor) -> bool:

@@ -326,9 +326,10 @@ class XLNetRelativeAttention(nn.Module):
 
 
 def _project(x: torch.Tensor, projection) -> torch.Tensor:
-    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W), or the layer
-    `use_linear_layers` put in its place."""
-    return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
+    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W, computed by
+    `decoding_linear.linear`, which gives a bf16 decoding step its packed product), or the layer `use_linear_layers`
+    put in its place."""
+    return linear(x, projection.flatten(1).t()) if isinstance(projection, torch.Tensor) else projection(x)
 
 
 _PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}

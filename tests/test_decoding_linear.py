@@ -1,10 +1,14 @@
 """linear / linear_layer: the same product as nn.Linear, through the faster BLAS call for few rows on CPU; layers that
 are not plain nn.Linear (quantized, replaced) are called."""
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from greedy_decoding import assert_greedy_decodings_agree
 
 from transformers_xl.modeling import decoding_linear
 from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_layer
@@ -53,7 +57,7 @@ def test_gradients_equal_f_linear():
 @pytest.mark.parametrize(
     "x, weight",
     [
-        (torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(48, 16, dtype=torch.bfloat16)),  # half precision
+        (torch.randn(3, 16, dtype=torch.float16), torch.randn(48, 16, dtype=torch.float16)),  # fp16
         (torch.randn(MAX_ROWS + 1, 16), torch.randn(48, 16)),  # many rows: a real GEMM already
         (torch.randn(1, 48), torch.randn(16, 48)),  # one row into a narrower output: the GEMV path is faster
     ],
@@ -121,3 +125,110 @@ def test_a_tensor_subclass_weight_is_not_read_by_mm():
     weight = torch.randn(48, 16).as_subclass(Subclass)
     x = torch.randn(3, 16)
     torch.testing.assert_close(linear(x, weight).as_subclass(torch.Tensor), x @ weight.as_subclass(torch.Tensor).t())
+
+
+# ---- bf16: products by oneDNN from a packed copy of the weight
+
+needs_bf16_kernels = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="this CPU or torch build has no oneDNN bf16 kernels (there linear keeps F.linear for bf16)",
+)
+
+
+def pack_always(monkeypatch):
+    """Make the packed product the one taken (as on a machine where it pays) and F.linear fail."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("F.linear called")
+
+    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
+    monkeypatch.setattr(decoding_linear.F, "linear", refuse)
+
+
+@needs_bf16_kernels
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3,), (2, MAX_ROWS // 2), (MAX_ROWS,)])
+@pytest.mark.parametrize("out_features, in_features", [(48, 16), (16, 48)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_packed_product_equals_f_linear(shape, out_features, in_features, bias, monkeypatch):
+    torch.manual_seed(0)
+    layer = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    x = torch.randn(*shape, in_features, dtype=torch.bfloat16)
+    expected = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+    pack_always(monkeypatch)
+    with torch.inference_mode():
+        output = linear_layer(layer, x)
+    assert output.dtype == torch.bfloat16 and output.shape == expected.shape and output.is_contiguous()
+    torch.testing.assert_close(output.float(), expected, rtol=2e-2, atol=2e-2)  # (bf16 outputs: 8 bits of mantissa)
+
+
+@needs_bf16_kernels
+def test_a_weight_is_packed_once_and_again_after_it_changes(monkeypatch):
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 48, bias=False).to(torch.bfloat16)
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    packs, pack = [], decoding_linear.pack
+    monkeypatch.setattr(decoding_linear, "pack", lambda weight: packs.append(tuple(weight.shape)) or pack(weight))
+    pack_always(monkeypatch)
+    with torch.no_grad():
+        first = linear_layer(layer, x)
+        assert torch.equal(linear_layer(layer, x), first)
+        linear_layer(layer, x, slice(8, None))  # a slice of the same parameter: a copy of its own
+        assert packs == [(48, 16), (40, 16)]
+        layer.weight.mul_(2)  # an in-place change (an optimizer step, load_state_dict): packed anew
+        torch.testing.assert_close(linear_layer(layer, x).float(), 2 * first.float(), rtol=2e-2, atol=2e-2)
+    assert packs == [(48, 16), (40, 16), (48, 16)]
+    assert layer.weight in decoding_linear._PACKED
+    gc.collect()
+    entries = len(decoding_linear._PACKED)
+    del layer  # the copies live as long as their parameter
+    gc.collect()
+    assert len(decoding_linear._PACKED) == entries - 1
+
+
+def test_bf16_with_gradients_or_where_packing_does_not_pay_is_f_linear_exactly(monkeypatch):
+    x, weight = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(48, 16, dtype=torch.bfloat16)
+    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: False)
+    assert torch.equal(linear(x, weight), F.linear(x, weight))
+    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
+    weight.requires_grad_()
+    output = linear(x, weight)
+    assert torch.equal(output, F.linear(x, weight)) and output.requires_grad
+
+
+def tiny_bf16_lm(model_type):
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    if model_type == "transfo-xl":
+        config = TransfoXLConfig(vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4, d_head=8,
+                                 d_inner=48, n_layer=2, mem_len=16, dropout=0.0, eos_token_id=None)  # fmt: skip
+        model = TransfoXLLMHeadModel(config)
+    else:
+        model = XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
+    return model.eval().to(torch.bfloat16)
+
+
+@needs_bf16_kernels
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
+    """Greedy decoding of a bf16 model with every few-row product from packed weights (XLNet's q, k and v included)
+    against the same model through F.linear: the same tokens, up to near ties, and close logits."""
+    model = tiny_bf16_lm(model_type)
+    prompt = torch.randint(1, 90, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def decode():
+        with torch.inference_mode():
+            out = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+        return out.sequences, [step.float() for step in out.logits]
+
+    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: False)
+    expected = decode()
+    packed, packed_linear = [], decoding_linear.packed_linear
+    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
+    monkeypatch.setattr(decoding_linear, "packed_linear", lambda *args: packed.append(args[0].shape) or packed_linear(*args))
+    assert_greedy_decodings_agree(*decode(), *expected, atol=0.1, rtol=0.05)
+    # Each decoding step after the prompt's (5 of them), in each of the 2 layers: Transformer-XL's qkv, o and the
+    # feed-forward's 2; XLNet's q, k, v, o and 2.
+    per_layer = {"transfo-xl": 4, "xlnet": 6}[model_type]
+    assert len(packed) >= 5 * 2 * per_layer
