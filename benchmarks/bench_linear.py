@@ -10,7 +10,7 @@ matrix (about 64 MB in all) that every call finds its weights evicted. Shapes: t
 measurement config (d_model 512, d_inner 2048, vocabulary 32000), fp32, 2 threads. Reports ms per call (median of
 rounds) and the ratio F.linear / transposed (> 1: the transposed product is faster), and what
 `transposed_product_pays` decided on this machine. With `--dtype bfloat16` the other side is the product bf16
-decoding steps take instead, oneDNN's from a packed copy of the weight (`decoding_linear.packed_linear`), and what
+decoding steps take instead, oneDNN's from a packed copy of the weight (`decoding_linear.onednn_linear`), and what
 `packed_product_pays` decided (a bf16 step should take half an fp32 step's time, its weights being half the bytes:
 compare with the fp32 table).
 """
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from transformers_xl.modeling.decoding_linear import (
+    onednn_linear,
     pack,
-    packed_linear,
     packed_product_pays,
     transposed_linear,
     transposed_product_pays,
@@ -63,7 +63,7 @@ def main():
     if dtype == torch.float32:
         side, product, prepare, pays = "transposed", transposed_linear, lambda weight: weight, transposed_product_pays(2)
     else:
-        side, product, prepare, pays = "packed", packed_linear, pack, packed_product_pays(2)
+        side, product, prepare, pays = "packed", onednn_linear, pack, packed_product_pays(2)
     print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the {side} product for "
           f"{args.dtype} on this machine: {pays}")
     print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {side:>10} {f'F.linear / {side}':>22}")

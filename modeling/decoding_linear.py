@@ -15,9 +15,14 @@ layout, streams it at about 27 GB/s: where `packed_product_pays` measures that, 
 packed copy of each weight, made on first use and kept as long as the weight lives and is not modified (see
 `packed_weight`). The copy is what a bf16 model pays for it: its weights' memory twice, an fp32 model's.
 
-Everything else (GPU, fp16, more than `MAX_ROWS` rows, one fp32 row into a narrower output, where the
-matrix-vector path is the faster one, gradients through a packed product, or torch.compile) goes to `F.linear`
-unchanged.
+More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
+products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
+of a 128-token segment: 80 against 167). Where `onednn_product_pays` measures that, products without gradients
+of more than `MAX_ROWS` rows go to oneDNN (an evaluation, a prompt, the loss's logits: `cross_entropy.linear_into`);
+training's products keep their autograd through `F.linear`.
+
+Everything else (GPU, fp16, one fp32 row into a narrower output, where the matrix-vector path is the faster one,
+gradients through a oneDNN product, or torch.compile) goes to `F.linear` unchanged.
 
 The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
@@ -38,7 +43,9 @@ MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows 
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for weight [out, in], through the faster product for a few rows on CPU."""
+    """`F.linear(x, weight, bias)` for weight [out, in], through the faster product on CPU."""
+    if uses_onednn(x, weight, bias):
+        return onednn_linear(x, weight, bias)
     out_features, in_features = weight.shape
     rows = x.numel() // in_features
     if (
@@ -51,11 +58,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     threads = torch.get_num_threads()
     if x.dtype == torch.bfloat16:
-        differentiable = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
         # (a weight made under inference_mode has no version counter to say when its packed copy is stale)
-        if differentiable or weight.is_inference() or not packed_product_pays(threads):
+        if _differentiable(x, weight, bias) or weight.is_inference() or not packed_product_pays(threads):
             return F.linear(x, weight, bias)
-        return packed_linear(x, packed_weight(weight), bias)
+        return onednn_linear(x, packed_weight(weight), bias)
     if (
         x.dtype != torch.float32
         or not weight.is_contiguous()  # (a transposed view would be copied, or read across its rows)
@@ -64,6 +70,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ):
         return F.linear(x, weight, bias)
     return transposed_linear(x, weight, bias)
+
+
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether `linear(x, weight, bias)` is oneDNN's GEMM on the plain weight: fp32 on CPU, more than `MAX_ROWS`
+    rows, no gradients, outside torch.compile, where `onednn_product_pays`."""
+    return (
+        not torch.compiler.is_compiling()
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and is_plain_tensor(weight)
+        and x.numel() // weight.shape[1] > MAX_ROWS
+        and not _differentiable(x, weight, bias)
+        and onednn_product_pays(torch.get_num_threads())
+    )
+
+
+def _differentiable(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -78,10 +102,10 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return product.t()[:rows].contiguous().view(*x.shape[:-1], out_features)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` by oneDNN, for `packed = pack(weight)` (bf16)."""
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "").view(*x.shape[:-1], -1)
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` by oneDNN, for a plain weight [out, in] or one `pack` made (no autograd)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "").view(*x.shape[:-1], -1)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -107,14 +131,14 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _clearly_faster(product, prepare, dtype: torch.dtype) -> bool:
-    """Whether `product(x, prepare(weight))` computes a one-row product with weights out of the caches clearly faster
-    than `F.linear(x, weight)`: timed both ways, alternating, on copies of a [4096, 512] matrix (32 MiB in all, so
-    that each call reads its weights from memory as a decoding step does); under a tenth of a second."""
+def _clearly_faster(product, prepare, dtype: torch.dtype, rows: int = 1) -> bool:
+    """Whether `product(x, prepare(weight))` computes a product of `rows` rows clearly faster than `F.linear(x,
+    weight)`: timed both ways, alternating, on copies of a [4096, 512] matrix (32 MiB in all, so that each call reads
+    its weights from memory as a decoding step does); a tenth of a second or less."""
     copies = 32 * 2**20 // (4096 * 512 * dtype.itemsize)
     weights = [torch.ones(4096, 512, dtype=dtype, device="cpu") for _ in range(copies)]
     prepared = [prepare(weight) for weight in weights]
-    x = torch.ones(1, 512, dtype=dtype, device="cpu")
+    x = torch.ones(rows, 512, dtype=dtype, device="cpu")
     ways = {"plain": lambda i: F.linear(x, weights[i]), "other": lambda i: product(x, prepared[i])}
     best = dict.fromkeys(ways, float("inf"))
     for _ in range(4):
@@ -124,6 +148,12 @@ def _clearly_faster(product, prepare, dtype: torch.dtype) -> bool:
                 call(i)
             best[name] = min(best[name], time.perf_counter() - start)
     return best["other"] < 0.8 * best["plain"]  # (a near tie keeps the plain call)
+
+
+def _onednn_available(dtype: torch.dtype) -> bool:
+    return torch.backends.mkldnn.is_available() and (
+        dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
 
 
 @functools.cache
@@ -137,9 +167,14 @@ def transposed_product_pays(threads: int) -> bool:
 def packed_product_pays(threads: int) -> bool:
     """Whether oneDNN, on `threads` threads, computes a one-row bf16 product clearly faster from a packed weight than
     `F.linear` does (measured once per thread count; False where this CPU or build has no bf16 oneDNN kernels)."""
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return False
-    return _clearly_faster(packed_linear, pack, torch.bfloat16)
+    return _onednn_available(torch.bfloat16) and _clearly_faster(onednn_linear, pack, torch.bfloat16)
+
+
+@functools.cache
+def onednn_product_pays(threads: int) -> bool:
+    """Whether oneDNN, on `threads` threads, computes an fp32 product of 64 rows clearly faster than `F.linear`
+    (MKL) on the same plain weights (measured once per thread count)."""
+    return _onednn_available(torch.float32) and _clearly_faster(onednn_linear, lambda w: w, torch.float32, rows=64)
 
 
 def is_plain_tensor(tensor: torch.Tensor) -> bool:

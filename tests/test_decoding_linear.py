@@ -62,7 +62,8 @@ def test_gradients_equal_f_linear():
         (torch.randn(1, 48), torch.randn(16, 48)),  # one row into a narrower output: the GEMV path is faster
     ],
 )
-def test_other_cases_are_f_linear_exactly(x, weight):
+def test_other_cases_are_f_linear_exactly(x, weight, monkeypatch):
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: False)
     assert torch.equal(linear(x, weight), F.linear(x, weight))
 
 
@@ -224,11 +225,76 @@ def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
 
     monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: False)
     expected = decode()
-    packed, packed_linear = [], decoding_linear.packed_linear
+    packed, onednn_linear = [], decoding_linear.onednn_linear
     monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
-    monkeypatch.setattr(decoding_linear, "packed_linear", lambda *args: packed.append(args[0].shape) or packed_linear(*args))
+    monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: packed.append(args[0].shape) or onednn_linear(*args))
     assert_greedy_decodings_agree(*decode(), *expected, atol=0.1, rtol=0.05)
     # Each decoding step after the prompt's (5 of them), in each of the 2 layers: Transformer-XL's qkv, o and the
     # feed-forward's 2; XLNet's q, k, v, o and 2.
     per_layer = {"transfo-xl": 4, "xlnet": 6}[model_type]
     assert len(packed) >= 5 * 2 * per_layer
+
+
+# ---- fp32 products of many rows: oneDNN's GEMM where MKL's is slower
+
+
+def use_onednn(monkeypatch):
+    """Make oneDNN's GEMM the one taken for many rows (as on a machine where it pays) and F.linear fail."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("F.linear called")
+
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
+    monkeypatch.setattr(decoding_linear.F, "linear", refuse)
+
+
+@pytest.mark.parametrize("shape", [(MAX_ROWS + 1,), (2, 37)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("transposed_weight", [False, True])  # (XLNet's q, k, v: a transposed view)
+def test_many_rows_without_gradients_go_to_onednn_and_equal_f_linear(shape, bias, transposed_weight, monkeypatch):
+    torch.manual_seed(0)
+    weight = torch.randn(16, 48).t() if transposed_weight else torch.randn(48, 16)
+    b = torch.randn(48) if bias else None
+    x = torch.randn(*shape, 16)
+    expected = F.linear(x, weight, b)
+    use_onednn(monkeypatch)
+    with torch.no_grad():
+        output = linear(x, weight, b)
+    assert output.shape == expected.shape
+    torch.testing.assert_close(output, expected)
+
+
+def test_many_rows_with_gradients_or_where_onednn_does_not_pay_are_f_linear_exactly(monkeypatch):
+    x, weight = torch.randn(MAX_ROWS + 3, 16), torch.randn(48, 16, requires_grad=True)
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
+    output = linear(x, weight)
+    assert torch.equal(output, F.linear(x, weight)) and output.requires_grad
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: False)
+    with torch.no_grad():
+        assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+def test_the_loss_logits_go_to_onednn_into_their_columns(monkeypatch):
+    from transformers_xl.modeling.cross_entropy import linear_into
+
+    torch.manual_seed(0)
+    hidden, weight, bias = torch.randn(9, 16), torch.randn(20, 16), torch.randn(20)
+    out = torch.zeros(9, 30)
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
+    calls, onednn_linear = [], decoding_linear.onednn_linear
+    monkeypatch.setattr("transformers_xl.modeling.cross_entropy.onednn_linear",
+                        lambda *args: calls.append(1) or onednn_linear(*args))  # fmt: skip
+    with torch.no_grad():
+        linear_into(out[:, 5:25], hidden, weight, bias)
+    assert calls
+    torch.testing.assert_close(out[:, 5:25], F.linear(hidden, weight, bias))
+    assert not out[:, :5].any() and not out[:, 25:].any()
+
+
+def test_onednn_is_measured_once_per_thread_count():
+    decoding_linear.onednn_product_pays.cache_clear()
+    threads = torch.get_num_threads()
+    assert isinstance(decoding_linear.onednn_product_pays(threads), bool)
+    decoding_linear.onednn_product_pays(threads)
+    info = decoding_linear.onednn_product_pays.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
