@@ -73,12 +73,14 @@ def test_where_the_transposed_product_does_not_pay_linear_is_f_linear_exactly(mo
     assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
 
 
-def test_the_layout_is_measured_once_per_thread_count():
-    decoding_linear.transposed_product_pays.cache_clear()
+@pytest.mark.parametrize("measurement", ["transposed_product_pays", "packed_product_pays", "onednn_product_pays"])
+def test_each_product_choice_is_measured_once_per_thread_count(measurement):
+    pays = getattr(decoding_linear, measurement)
+    pays.cache_clear()
     threads = torch.get_num_threads()
-    assert isinstance(decoding_linear.transposed_product_pays(threads), bool)
-    decoding_linear.transposed_product_pays(threads)
-    info = decoding_linear.transposed_product_pays.cache_info()
+    assert isinstance(pays(threads), bool)
+    pays(threads)
+    info = pays.cache_info()
     assert (info.misses, info.hits) == (1, 1)
 
 
@@ -335,12 +337,3 @@ def test_the_loss_logits_go_to_onednn_into_their_columns(monkeypatch):
     assert calls
     torch.testing.assert_close(out[:, 5:25], F.linear(hidden, weight, bias))
     assert not out[:, :5].any() and not out[:, 25:].any()
-
-
-def test_onednn_is_measured_once_per_thread_count():
-    decoding_linear.onednn_product_pays.cache_clear()
-    threads = torch.get_num_threads()
-    assert isinstance(decoding_linear.onednn_product_pays(threads), bool)
-    decoding_linear.onednn_product_pays(threads)
-    info = decoding_linear.onednn_product_pays.cache_info()
-    assert (info.misses, info.hits) == (1, 1)
