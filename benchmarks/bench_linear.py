@@ -61,7 +61,8 @@ def main():
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(2)
     if dtype == torch.float32:
-        side, product, prepare, pays = "transposed", transposed_linear, lambda weight: weight, transposed_product_pays(2)
+        side, product, prepare = "transposed", transposed_linear, lambda weight: weight
+        pays = transposed_product_pays(2)
     else:
         side, product, prepare, pays = "packed", onednn_linear, pack, packed_product_pays(2)
     print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the {side} product for "
@@ -80,6 +81,7 @@ def main():
             reference = cold_ms(F.linear, weights, biases, x, args.rounds)
             own = cold_ms(product, prepared, biases, x, args.rounds)
             print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {reference / own:>21.2f}x")
+
 
 if __name__ == "__main__":
     main()

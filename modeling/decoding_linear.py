@@ -22,7 +22,8 @@ of more than `MAX_ROWS` rows go to oneDNN (an evaluation, a prompt, the loss's l
 training's products keep their autograd through `F.linear`.
 
 Everything else (GPU, fp16, one fp32 row into a narrower output, where the matrix-vector path is the faster one,
-gradients through a oneDNN product, or torch.compile) goes to `F.linear` unchanged.
+products that need gradients, but for the transposed product of a few fp32 rows, or torch.compile) goes to
+`F.linear` unchanged.
 
 The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's

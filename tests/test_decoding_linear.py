@@ -14,14 +14,14 @@ from transformers_xl.modeling import decoding_linear
 from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_layer
 
 
-def refuse_f_linear(monkeypatch):
-    """On a machine where the transposed product pays, make the F.linear fallback fail, to prove that a call took the
-    transposed product."""
+def refuse_f_linear(monkeypatch, pays="transposed_product_pays"):
+    """As on a machine where the product that `pays` measures is the faster one, make the F.linear fallback fail, to
+    prove that a call took that product (transposed, packed bf16 or oneDNN's GEMM)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("F.linear called")
 
-    monkeypatch.setattr(decoding_linear, "transposed_product_pays", lambda threads: True)
+    monkeypatch.setattr(decoding_linear, pays, lambda threads: True)
     monkeypatch.setattr(decoding_linear.F, "linear", refuse)
 
 
@@ -138,16 +138,6 @@ needs_bf16_kernels = pytest.mark.skipif(
 )
 
 
-def pack_always(monkeypatch):
-    """Make the packed product the one taken (as on a machine where it pays) and F.linear fail."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("F.linear called")
-
-    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
-    monkeypatch.setattr(decoding_linear.F, "linear", refuse)
-
-
 @needs_bf16_kernels
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3,), (2, MAX_ROWS // 2), (MAX_ROWS,)])
 @pytest.mark.parametrize("out_features, in_features", [(48, 16), (16, 48)])
@@ -157,7 +147,7 @@ def test_bf16_packed_product_equals_f_linear(shape, out_features, in_features, b
     layer = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
     x = torch.randn(*shape, in_features, dtype=torch.bfloat16)
     expected = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
-    pack_always(monkeypatch)
+    refuse_f_linear(monkeypatch, "packed_product_pays")
     with torch.inference_mode():
         output = linear_layer(layer, x)
     assert output.dtype == torch.bfloat16 and output.shape == expected.shape and output.is_contiguous()
@@ -171,7 +161,7 @@ def test_a_weight_is_packed_once_and_again_after_it_changes(monkeypatch):
     x = torch.randn(2, 16, dtype=torch.bfloat16)
     packs, pack = [], decoding_linear.pack
     monkeypatch.setattr(decoding_linear, "pack", lambda weight: packs.append(tuple(weight.shape)) or pack(weight))
-    pack_always(monkeypatch)
+    refuse_f_linear(monkeypatch, "packed_product_pays")
     with torch.no_grad():
         first = linear_layer(layer, x)
         assert torch.equal(linear_layer(layer, x), first)
@@ -229,7 +219,7 @@ def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
     expected = decode()
     packed, onednn_linear = [], decoding_linear.onednn_linear
     monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
-    monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: packed.append(args[0].shape) or onednn_linear(*args))
+    monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: packed.append(1) or onednn_linear(*args))
     assert_greedy_decodings_agree(*decode(), *expected, atol=0.1, rtol=0.05)
     # Each decoding step after the prompt's (5 of them), in each of the 2 layers: Transformer-XL's qkv, o and the
     # feed-forward's 2; XLNet's q, k, v, o and 2.
@@ -238,16 +228,6 @@ def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
 
 
 # ---- fp32 products of many rows: oneDNN's GEMM where MKL's is slower
-
-
-def use_onednn(monkeypatch):
-    """Make oneDNN's GEMM the one taken for many rows (as on a machine where it pays) and F.linear fail."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("F.linear called")
-
-    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
-    monkeypatch.setattr(decoding_linear.F, "linear", refuse)
 
 
 @pytest.mark.parametrize("shape", [(MAX_ROWS + 1,), (2, 37)])
@@ -259,7 +239,7 @@ def test_many_rows_without_gradients_go_to_onednn_and_equal_f_linear(shape, bias
     b = torch.randn(48) if bias else None
     x = torch.randn(*shape, 16)
     expected = F.linear(x, weight, b)
-    use_onednn(monkeypatch)
+    refuse_f_linear(monkeypatch, "onednn_product_pays")
     with torch.no_grad():
         output = linear(x, weight, b)
     assert output.shape == expected.shape
