@@ -323,7 +323,8 @@ def linear_into(out, hidden, weight, bias=None):
     be a column slice of a wider tensor."""
     if not out.dtype == hidden.dtype == weight.dtype:
         return out.copy_(F.linear(hidden, weight, bias))
-    if uses_onednn(hidden, weight, bias):  # (faster by more than the copy, where it is taken)
+    differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if uses_onednn(hidden, weight, bias) and not differentiable:  # (faster by more than the copy, where taken)
         return out.copy_(onednn_linear(hidden, weight, bias))
     if bias is None:
         return torch.mm(hidden, weight.t(), out=out)

@@ -17,13 +17,13 @@ packed copy of each weight, made on first use and kept as long as the weight liv
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
-of a 128-token segment: 80 against 167). Where `onednn_product_pays` measures that, products without gradients
-of more than `MAX_ROWS` rows go to oneDNN (an evaluation, a prompt, the loss's logits: `cross_entropy.linear_into`);
-training's products keep their autograd through `F.linear`.
+of a 128-token segment: 80 against 167). Where `onednn_product_pays` measures that, fp32 products of more than
+`MAX_ROWS` rows go to oneDNN (an evaluation, a prompt, the loss's logits: `cross_entropy.linear_into`), and with
+gradients their backward products too (`_OneDNNLinear`).
 
 Everything else (GPU, fp16, one fp32 row into a narrower output, where the matrix-vector path is the faster one,
-products that need gradients, but for the transposed product of a few fp32 rows, or torch.compile) goes to
-`F.linear` unchanged.
+products with gradients but those `_OneDNNLinear` takes and the transposed product of a few fp32 rows, bf16
+products with gradients, or torch.compile) goes to `F.linear` unchanged.
 
 The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
@@ -46,6 +46,8 @@ MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for weight [out, in], through the faster product on CPU."""
     if uses_onednn(x, weight, bias):
+        if _differentiable(x, weight, bias):
+            return _OneDNNLinear.apply(x, weight, bias)
         return onednn_linear(x, weight, bias)
     out_features, in_features = weight.shape
     rows = x.numel() // in_features
@@ -75,16 +77,38 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` is oneDNN's GEMM on the plain weight: fp32 on CPU, more than `MAX_ROWS`
-    rows, no gradients, outside torch.compile, where `onednn_product_pays`."""
+    rows, outside torch.compile, where `onednn_product_pays` (with gradients through `_OneDNNLinear`)."""
     return (
         not torch.compiler.is_compiling()
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and is_plain_tensor(weight)
         and x.numel() // weight.shape[1] > MAX_ROWS
-        and not _differentiable(x, weight, bias)
         and onednn_product_pays(torch.get_num_threads())
     )
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """`onednn_linear` with gradients, each one oneDNN's GEMM too: dx = dy W, dW = dy^T x (views, no copies)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = onednn_linear(grad, weight.t())
+        if ctx.needs_input_grad[1]:
+            grad_weight = onednn_linear(flat_grad.t(), flat_x.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = flat_grad.sum(0)
+        return grad_x, grad_weight, grad_bias
 
 
 def _differentiable(*tensors) -> bool:

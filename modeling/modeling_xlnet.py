@@ -332,7 +332,8 @@ def _project(x: torch.Tensor, projection) -> torch.Tensor:
     return linear(x, projection.flatten(1).t()) if isinstance(projection, torch.Tensor) else projection(x)
 
 
-_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+             torch.ops.mkldnn._linear_pointwise.default}  # (decoding_linear's oneDNN GEMM)  # fmt: skip
 
 
 def _save_products(*_):

@@ -246,14 +246,60 @@ def test_many_rows_without_gradients_go_to_onednn_and_equal_f_linear(shape, bias
     torch.testing.assert_close(output, expected)
 
 
-def test_many_rows_with_gradients_or_where_onednn_does_not_pay_are_f_linear_exactly(monkeypatch):
+@pytest.mark.parametrize("bias", [True, False])
+def test_many_rows_with_gradients_go_to_onednn_both_ways(bias, monkeypatch):
+    """The forward product and the gradients' (dx = dy W, dW = dy^T x) are oneDNN's, equal to F.linear's."""
+    torch.manual_seed(0)
+    x = torch.randn(3, MAX_ROWS + 2, 16, requires_grad=True)
+    weight, b = torch.randn(48, 16, requires_grad=True), (torch.randn(48, requires_grad=True) if bias else None)
+    leaves = [t for t in (x, weight, b) if t is not None]
+    grad = torch.randn(3, MAX_ROWS + 2, 48)
+    expected = F.linear(x, weight, b)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    use_onednn(monkeypatch)
+    output = linear(x, weight, b)
+    torch.testing.assert_close(output, expected)
+    for ours, reference in zip(torch.autograd.grad(output, leaves, grad), expected_grads):
+        torch.testing.assert_close(ours, reference)
+
+
+def test_many_rows_where_onednn_does_not_pay_are_f_linear_exactly(monkeypatch):
     x, weight = torch.randn(MAX_ROWS + 3, 16), torch.randn(48, 16, requires_grad=True)
-    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
-    output = linear(x, weight)
-    assert torch.equal(output, F.linear(x, weight)) and output.requires_grad
     monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: False)
-    with torch.no_grad():
-        assert torch.equal(linear(x, weight), F.linear(x, weight))
+    assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_training_gradients_are_the_same_through_onednn(model_type, monkeypatch):
+    """A training step's loss and gradients with every product of many rows through oneDNN (XLNet's feed-forward
+    under its selective checkpointing included) equal those through MKL."""
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    if model_type == "transfo-xl":
+        model = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4,
+                                                     d_head=8, d_inner=48, n_layer=2, mem_len=8, dropout=0.0))  # fmt: skip
+    else:
+        model = XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
+    ids = torch.randint(0, 90, (2, 12), generator=torch.Generator().manual_seed(1))
+
+    def loss_and_gradients():
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: False)
+    expected_loss, expected = loss_and_gradients()
+    calls, onednn_linear = [], decoding_linear.onednn_linear
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
+    monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: calls.append(1) or onednn_linear(*args))
+    loss, gradients = loss_and_gradients()
+    assert calls
+    torch.testing.assert_close(loss, expected_loss)
+    assert gradients.keys() == expected.keys()
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(gradient, expected[name], msg=name)
 
 
 def test_the_loss_logits_go_to_onednn_into_their_columns(monkeypatch):
