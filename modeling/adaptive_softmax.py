@@ -10,12 +10,15 @@ of the legacy checkpoints. Projections are stored [d_proj, d_emb] and applied as
 `F.linear(x, proj)` (input side).
 """
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy, linear_into, softmax_dtype
 from .decoding_linear import MAX_ROWS, is_plain_linear, linear
+from .library_ops import define
 
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
@@ -130,15 +133,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     @staticmethod
     def _logits(hidden, weight, bias, proj, out=None):
         """Logits [N, rows of weight] of `hidden` (projected first by `proj` unless None), fp32 or wider; with `out`
-        (a column slice of the output) written there, by the GEMM itself where it can (eager mode, more rows than a
-        decoding step's)."""
+        (a column slice of the output, outside torch.compile) written there, by the GEMM itself where it can (more
+        rows than a decoding step's)."""
         hidden = _project(hidden, proj)
-        if (
-            out is not None
-            and not torch.compiler.is_compiling()  # (first: a traced graph must not branch on the number of rows)
-            and hidden.shape[0] > MAX_ROWS
-            and not torch.is_autocast_enabled(hidden.device.type)
-        ):
+        if out is not None and hidden.shape[0] > MAX_ROWS and not torch.is_autocast_enabled(hidden.device.type):
             return linear_into(out, hidden, weight, bias)
         logits = linear(hidden, weight, bias).to(softmax_dtype(hidden.dtype))
         return logits if out is None else out.copy_(logits)
@@ -175,12 +173,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32, or fp64).
 
         log p(w) = log_softmax(head logits) for a head word; log p(cluster | h) + log_softmax(cluster logits) for a
-        tail word. Without gradients each cluster's logits are written straight into their columns of the output and
-        normalised there in place, so no cluster-sized temporary or concatenation is made (autograd cannot follow
-        writes into `out=`); with gradients, or with output layers that are called rather than read (quantized),
-        log_softmax per cluster and one concatenation."""
+        tail word. Without gradients written into the output's columns (`_log_prob_into_columns`: autograd cannot
+        follow writes into `out=`); with gradients, with output layers that are called rather than read (quantized),
+        or under torch.export, log_softmax per cluster and one concatenation."""
         head_end, plain = self.bounds[0][1], self._plain_layers()
-        if not plain or torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad):
+        differentiable = torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad)
+        # (torch.export, and ONNX export through it, trace this path too: plain operations, no operator of ours)
+        if not plain or differentiable or torch.compiler.is_exporting():
             if plain:
                 clusters = self._clusters()
                 logits = [self._logits(hidden, *self._head_cluster(clusters))]
@@ -193,26 +192,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 pieces.append(torch.log_softmax(tail_logits, -1) + head[:, head_end + cluster - 1, None])
             return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
         clusters = self._clusters()
-        output = torch.empty(hidden.shape[0], self.vocab_size, dtype=softmax_dtype(hidden.dtype), device=hidden.device)
-        # The head softmax (head words, then one logit per tail cluster) is normalised in the output's first columns;
-        # the tail clusters' log-probabilities are kept aside before the first tail cluster overwrites them.
-        # (The biases are added by `_log_softmax_`'s pass, not by the GEMM, whose out= form would first copy them
-        # into the whole output slice.)
-        # (The cluster logits are a product of their own beside the head words': joining the cluster weights to the
-        # head's, as with gradients, would copy the head's weights at every decoding step.)
-        weight, bias, proj = clusters[0]
-        projected = _project(hidden, proj)
-        self._logits(projected, weight, None, None, out=output[:, :head_end])
-        if len(self.bounds) > 1:
-            self._logits(projected, self.cluster_weight, None, None, out=output[:, head_end : self.head_size])
-            bias = torch.cat([bias, self.cluster_bias])
-        head = _log_softmax_(output[:, : self.head_size], bias)
-        cluster_log_p = head[:, head_end:].clone()
-        for cluster in range(1, len(self.bounds)):
-            (start, end), (weight, bias, proj) = self.bounds[cluster], clusters[cluster]
-            logits = self._logits(hidden, weight, None, proj, out=output[:, start:end])
-            _log_softmax_(logits, bias, cluster_log_p[:, cluster - 1, None])
-        return output
+        weights, biases, projections = (list(field) for field in zip(*clusters))
+        has_tails = len(self.bounds) > 1
+        tail_clusters = (self.cluster_weight, self.cluster_bias) if has_tails else (None, None)
+        # (Under torch.compile one operator, which runs these passes: traced, they would be the graph's own
+        # log-softmax kernels over [N, vocabulary] columns, slower than the matrix products.)
+        write = log_prob_op if torch.compiler.is_compiling() else _log_prob_into_columns
+        return write(hidden, weights, biases, projections, *tail_clusters)
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """[N, d_proj], [N] -> [N] negative log-likelihood of each target, in input order (fp32 or wider).
@@ -248,6 +234,54 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return (SoftmaxPart(layer.weight, layer.bias, 0, end - start),)
 
 
+def _log_prob_into_columns(
+    hidden: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor],
+    projections: list[Optional[torch.Tensor]],
+    cluster_weight: Optional[torch.Tensor],
+    cluster_bias: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """`ProjectedAdaptiveLogSoftmax.log_prob` without gradients, from its clusters' (weight, bias, projection),
+    head first, and the tail clusters' logits in the head softmax (None without tails).
+
+    Each cluster's logits are written straight into their columns of the output and normalised there in place, so
+    no cluster-sized temporary or concatenation is made. The head softmax (head words, then one logit per tail
+    cluster) is normalised in the output's first columns; the tail clusters' log-probabilities are kept aside before
+    the first tail cluster overwrites them. (The biases are added by `_log_softmax_`'s pass, not by the GEMM, whose
+    out= form would first copy them into the whole output slice.) (The cluster logits are a product of their own
+    beside the head words': joining the cluster weights to the head's, as with gradients, would copy the head's
+    weights at every decoding step.)"""
+    sizes = [weight.shape[0] for weight in weights]
+    head_end, vocab_size = sizes[0], sum(sizes)
+    output = torch.empty(hidden.shape[0], vocab_size, dtype=softmax_dtype(hidden.dtype), device=hidden.device)
+    projected = _project(hidden, projections[0])
+    ProjectedAdaptiveLogSoftmax._logits(projected, weights[0], None, None, out=output[:, :head_end])
+    bias = biases[0]
+    if cluster_weight is not None:
+        head_size = head_end + cluster_weight.shape[0]
+        ProjectedAdaptiveLogSoftmax._logits(projected, cluster_weight, None, None, out=output[:, head_end:head_size])
+        bias = torch.cat([bias, cluster_bias])
+    head = _log_softmax_(output[:, : head_end + len(sizes) - 1], bias)
+    cluster_log_p = head[:, head_end:].clone()
+    start = head_end
+    for cluster in range(1, len(sizes)):
+        end = start + sizes[cluster]
+        logits = ProjectedAdaptiveLogSoftmax._logits(hidden, weights[cluster], None, projections[cluster],
+                                                     out=output[:, start:end])  # fmt: skip
+        _log_softmax_(logits, biases[cluster], cluster_log_p[:, cluster - 1, None])
+        start = end
+    return output
+
+
+def _log_prob_fake(hidden, weights, biases, projections, cluster_weight, cluster_bias):
+    vocab_size = sum(weight.shape[0] for weight in weights)
+    return hidden.new_empty(hidden.shape[0], vocab_size, dtype=softmax_dtype(hidden.dtype))
+
+
+log_prob_op = define(__package__ or __name__, "adaptive_log_prob", _log_prob_into_columns, _log_prob_fake)
+
+
 def _project(hidden: torch.Tensor, proj: torch.Tensor | None) -> torch.Tensor:
     """A cluster's input: the hidden states through its output projection (stored [d_proj, d_emb]), if any."""
     return hidden if proj is None else hidden @ proj
@@ -262,9 +296,6 @@ def _log_softmax_(logits: torch.Tensor, bias: torch.Tensor | None = None, shift:
     `logits`, a column slice of the output. torch's kernel copies a non-contiguous input and output whole; here
     chunks of rows go through one small contiguous buffer, adding the bias on the way in and the shift on the way
     back (2.0x faster for a 20000-word cluster)."""
-    if torch.compiler.is_compiling():  # (a compiled graph has no aliasing out=)
-        normalised = torch.log_softmax(logits if bias is None else logits + bias, -1)
-        return logits.copy_(normalised if shift is None else normalised + shift)
     rows = max(1, LOG_SOFTMAX_CHUNK_ELEMENTS // logits.shape[-1])
     buffer = logits.new_empty(min(rows, logits.shape[0]), logits.shape[-1])
     for first in range(0, logits.shape[0], rows):

@@ -33,11 +33,14 @@ runs whatever they put there.
 
 import functools
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .library_ops import define
 
 
 MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows on, either call may win
@@ -46,9 +49,7 @@ MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for weight [out, in], through the faster product on CPU."""
     if uses_onednn(x, weight, bias):
-        if _differentiable(x, weight, bias):
-            return _OneDNNLinear.apply(x, weight, bias)
-        return onednn_linear(x, weight, bias)
+        return onednn_linear_op(x, weight, bias) if _traced(x, weight, bias) else onednn_linear(x, weight, bias)
     out_features, in_features = weight.shape
     rows = x.numel() // in_features
     if (
@@ -77,38 +78,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` is oneDNN's GEMM on the plain weight: fp32 on CPU, more than `MAX_ROWS`
-    rows, outside torch.compile, where `onednn_product_pays` (with gradients through `_OneDNNLinear`)."""
+    rows (any number in a compiled graph, which must not branch on it), where `onednn_product_pays`; never under
+    torch.export, whose graphs (ONNX export's too) keep torch's own operations."""
     return (
-        not torch.compiler.is_compiling()
+        not torch.compiler.is_exporting()
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and is_plain_tensor(weight)
-        and x.numel() // weight.shape[1] > MAX_ROWS
-        and onednn_product_pays(torch.get_num_threads())
+        and (torch.compiler.is_compiling() or x.numel() // weight.shape[1] > MAX_ROWS)
+        and _onednn_pays_here()
     )
 
 
-class _OneDNNLinear(torch.autograd.Function):
-    """`onednn_linear` with gradients, each one oneDNN's GEMM too: dx = dy W, dW = dy^T x (views, no copies)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return onednn_linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = onednn_linear(grad, weight.t())
-        if ctx.needs_input_grad[1]:
-            grad_weight = onednn_linear(flat_grad.t(), flat_x.t())
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = flat_grad.sum(0)
-        return grad_x, grad_weight, grad_bias
+def _traced(*tensors) -> bool:
+    """Whether a product must be one operator that autograd or torch.compile can follow: it has gradients to
+    come, or a graph is being traced."""
+    return torch.compiler.is_compiling() or _differentiable(*tensors)
 
 
 def _differentiable(*tensors) -> bool:
@@ -128,9 +113,44 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` by oneDNN, for a plain weight [out, in] or one `pack` made (no autograd)."""
+    """`F.linear(x, weight, bias)` by oneDNN, for a plain weight [out, in] or one `pack` made (no autograd: see
+    `onednn_linear_op`)."""
     flat = x.reshape(-1, x.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "").view(*x.shape[:-1], -1)
+
+
+# `onednn_linear` as an operator with gradients, each one oneDNN's GEMM too, on views of what it saved:
+# dx = dy W, dW = dy^T x, db = sum of dy. torch.compile calls it as one opaque operation (its own GEMM lowering would
+# be MKL's) and knows its output's shape from the fake kernel.
+def _onednn_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return onednn_linear(x, weight, bias)
+
+
+def _onednn_linear_fake(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _setup_onednn_linear(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _onednn_linear_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = onednn_linear_op(grad, weight.t(), None)
+    if ctx.needs_input_grad[1]:
+        grad_weight = onednn_linear_op(flat_grad.t(), flat_x.t(), None)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_bias = flat_grad.sum(0)
+    return grad_x, grad_weight, grad_bias
+
+
+onednn_linear_op = define(__package__ or __name__, "onednn_linear", _onednn_linear_op, _onednn_linear_fake,
+                          _onednn_linear_backward, _setup_onednn_linear)  # fmt: skip
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -193,6 +213,11 @@ def packed_product_pays(threads: int) -> bool:
     """Whether oneDNN, on `threads` threads, computes a one-row bf16 product clearly faster from a packed weight than
     `F.linear` does (measured once per thread count; False where this CPU or build has no bf16 oneDNN kernels)."""
     return _onednn_available(torch.bfloat16) and _clearly_faster(onednn_linear, pack, torch.bfloat16)
+
+
+@torch.compiler.assume_constant_result  # (a traced graph takes the answer as a constant, instead of timing inside)
+def _onednn_pays_here() -> bool:
+    return onednn_product_pays(torch.get_num_threads())
 
 
 @functools.cache

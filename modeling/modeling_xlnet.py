@@ -35,7 +35,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
-from .decoding_linear import is_plain_linear, linear, linear_layer
+from .decoding_linear import is_plain_linear, linear, linear_layer, onednn_linear_op
 from .decoding_threads import on_decoding_threads
 from .input_checks import (
     check_class_ids,
@@ -333,7 +333,7 @@ def _project(x: torch.Tensor, projection) -> torch.Tensor:
 
 
 _PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-             torch.ops.mkldnn._linear_pointwise.default}  # (decoding_linear's oneDNN GEMM)  # fmt: skip
+             onednn_linear_op.default}  # fmt: skip
 
 
 def _save_products(*_):

@@ -1,5 +1,6 @@
 """The custom operators torch.compile sees (`library_ops`): the blocked relative attention with its written-out
-backward pass, and the linear cross-entropy. `torch.library.opcheck` checks each one's schema, fake kernel, autograd
+backward pass, the linear cross-entropy, evaluation's adaptive log-probabilities, and oneDNN's GEMM
+(`decoding_linear`). `torch.library.opcheck` checks each one's schema, fake kernel, autograd
 registration and traced behaviour; compiled models call them (one operator per attention, none of the blocks'
 operations) and give eager's numbers and gradients; the graphs do not change with the length."""
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+import transformers_xl.modeling.adaptive_softmax as adaptive_softmax
 import transformers_xl.modeling.cross_entropy as cross_entropy
+import transformers_xl.modeling.decoding_linear as decoding_linear
 import transformers_xl.modeling.relative_attention as attention
 from test_blocked_attention import attention_inputs, blocks_of  # noqa: F401 (a fixture)
 from test_compile import compile_fullgraph, graphs, memory_kwargs, tiny
@@ -66,6 +69,35 @@ def test_attention_operator_equals_the_eager_passes(blocks_of):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("transposed_weight", [False, True])  # (XLNet's q, k, v: a transposed view)
+def test_onednn_linear_operator_passes_opcheck(bias, transposed_weight):
+    torch.manual_seed(0)
+    weight = torch.randn(16, 48).t() if transposed_weight else torch.randn(48, 16)
+    arguments = (torch.randn(2, 7, 16), weight, torch.randn(48) if bias else None)
+    for needs_gradients in (True, False):
+        inputs = [t if t is None else t.clone().requires_grad_(needs_gradients) for t in arguments]
+        torch.library.opcheck(decoding_linear.onednn_linear_op, inputs, test_utils=OPCHECK_TESTS)
+
+
+@pytest.mark.parametrize("div_val, cutoffs, d_proj", [(1, [10, 18], 16), (2, [10, 18], 12), (1, [], 16)])
+def test_adaptive_log_prob_operator_passes_opcheck(div_val, cutoffs, d_proj):
+    """The operator of evaluation's log-probabilities (no gradients) passes opcheck and gives the differentiable
+    path's values, with tail clusters or without, with projections (div_val 2) or without."""
+    torch.manual_seed(0)
+    softmax = adaptive_softmax.ProjectedAdaptiveLogSoftmax(30, 16, d_proj, cutoffs, div_val)
+    for parameter in softmax.parameters():
+        torch.nn.init.normal_(parameter)
+    hidden = torch.randn(7, d_proj)
+    weights, biases, projections = (list(field) for field in zip(*softmax._clusters()))
+    tails = [softmax.cluster_weight, softmax.cluster_bias] if cutoffs else [None, None]
+    arguments = [hidden, *[[t if t is None else t.detach() for t in field] for field in (weights, biases, projections)],
+                 *[t if t is None else t.detach() for t in tails]]  # fmt: skip
+    torch.library.opcheck(adaptive_softmax.log_prob_op, arguments, test_utils=OPCHECK_TESTS)
+    differentiable = softmax.log_prob(hidden.requires_grad_())  # (the other path: log_softmax per cluster)
+    torch.testing.assert_close(adaptive_softmax.log_prob_op(*arguments), differentiable.detach())
+
+
 def linear_cross_entropy_op_arguments(needs_gradients=True):
     t, head_target, tail_target = problem()
     tensors = [t["hidden"], t["weight"], t["bias"], t["cluster_weight"], t["cluster_bias"], t["hidden"][TAIL_ROWS]]
@@ -109,9 +141,13 @@ def recording_backend(operators):
 
 
 @pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
-def test_compiled_training_calls_the_operators(model_type):
+@pytest.mark.parametrize("onednn_pays", [True, False])
+def test_compiled_training_calls_the_operators(model_type, onednn_pays, monkeypatch):
     """The graphs hold the attention and linear cross-entropy operators (forward and backward) and no softmax of
-    their own (the attention's and the loss's run inside the operators), and the loss and gradients are eager's."""
+    their own (the attention's and the loss's run inside the operators), and the loss and gradients are eager's.
+    Where oneDNN's GEMM pays (`decoding_linear.onednn_product_pays`), the linear layers' products are its operator
+    in both passes, as in eager; elsewhere there is none."""
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: onednn_pays)
     eager = tiny(model_type).train()
     model = copy.deepcopy(eager)
     operators = set()
@@ -131,6 +167,23 @@ def test_compiled_training_calls_the_operators(model_type):
     for op in (attention.attention_op, attention.attention_backward_op, cross_entropy.linear_cross_entropy_op,
                cross_entropy.linear_cross_entropy_backward_op):  # fmt: skip
         assert any(name.startswith(str(op)) for name in names), (op, sorted(names))
+    assert not any("softmax" in name and "transformers_xl" not in name for name in names), sorted(names)
+    products = [name for name in names if name.startswith(str(decoding_linear.onednn_linear_op))]
+    assert bool(products) == onednn_pays, sorted(names)
+
+
+def test_compiled_evaluation_calls_the_log_prob_operator():
+    """Transformer-XL's log-probabilities in a compiled graph: one operator (no log-softmax of the graph's own over
+    the vocabulary's columns), eager's values."""
+    model = tiny("transfo-xl").eval()
+    operators = set()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=recording_backend(operators))
+    ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
+    names = {str(op) for op in operators}
+    assert any(name.startswith(str(adaptive_softmax.log_prob_op)) for name in names), sorted(names)
     assert not any("softmax" in name and "transformers_xl" not in name for name in names), sorted(names)
 
 

@@ -256,11 +256,14 @@ def test_many_rows_with_gradients_go_to_onednn_both_ways(bias, monkeypatch):
     grad = torch.randn(3, MAX_ROWS + 2, 48)
     expected = F.linear(x, weight, b)
     expected_grads = torch.autograd.grad(expected, leaves, grad)
-    use_onednn(monkeypatch)
+    refuse_f_linear(monkeypatch, "onednn_product_pays")
+    calls, onednn_linear = [], decoding_linear.onednn_linear
+    monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: calls.append(1) or onednn_linear(*args))
     output = linear(x, weight, b)
     torch.testing.assert_close(output, expected)
     for ours, reference in zip(torch.autograd.grad(output, leaves, grad), expected_grads):
         torch.testing.assert_close(ours, reference)
+    assert len(calls) == 3  # y = x W^T + b, dx = dy W, dW = dy^T x
 
 
 def test_many_rows_where_onednn_does_not_pay_are_f_linear_exactly(monkeypatch):
