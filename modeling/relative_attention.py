@@ -136,17 +136,18 @@ def _unshifted_position_scores(query, position_keys, masked_far=None, workspace=
     differentiable = torch.is_grad_enabled() and (query.requires_grad or position_keys.requires_grad)
     writable = not (differentiable or torch.compiler.is_compiling())  # (neither autograd nor a graph takes out=)
     workspace = workspace if writable else None
+    product = _few_rows_product if writable else _keys_product
     if position_keys.dim() == 5:
         if masked_far is not None:
             raise ValueError("relative_position_scores: a folded mask needs position keys shared by every row.")
         grouped = query.unflatten(0, (position_keys.shape[0], -1))
         shape = (*grouped.shape[:-1], position_keys.shape[-2])
-        return torch.matmul(grouped, position_keys.transpose(-1, -2), out=_take(workspace, shape, query))
+        return product(grouped, position_keys, out=_take(workspace, shape, query))
     batch, heads, length, dim = query.shape
     folded = query.transpose(0, 1).reshape(heads, batch * length, dim)
     if masked_far is None:
         shape = (heads, batch * length, position_keys.shape[-2])
-        scores = torch.matmul(folded, position_keys.transpose(-1, -2), out=_take(workspace, shape, query))
+        scores = product(folded, position_keys, out=_take(workspace, shape, query))
         return scores.view(heads, batch, length, -1)
     distances = position_keys.shape[-2] - 1  # (those at 0 and above)
     attended, lowest = slice(masked_far, distances), torch.finfo(query.dtype).min
@@ -155,9 +156,29 @@ def _unshifted_position_scores(query, position_keys, masked_far=None, workspace=
                        value=lowest)  # fmt: skip
     else:  # (the product written into its columns: no padded copy)
         scores = (workspace or Workspace()).take((heads, batch * length, distances + length), query)
-        torch.matmul(folded, position_keys[:, attended].transpose(-1, -2), out=scores[..., attended])
+        product(folded, position_keys[:, attended], out=scores[..., attended])
         scores[..., :masked_far] = scores[..., distances:] = lowest
     return scores.view(heads, batch, length, -1)
+
+
+def _keys_product(rows: torch.Tensor, keys: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """rows [..., N, d] x keys [..., R, d]^T -> [..., N, R], broadcast as torch.matmul does (into `out` if given)."""
+    return torch.matmul(rows, keys.transpose(-1, -2), out=out)
+
+
+# Query rows up to which a bf16 / fp16 product of `_few_rows_product` is multiplied out rather than asked of the GEMM
+FEW_ROWS = 4
+
+
+def _few_rows_product(rows: torch.Tensor, keys: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`_keys_product` without gradients. A few bf16 / fp16 rows on CPU (a decoding step's) are multiplied out and
+    summed in fp32 instead: torch's reduced-precision CPU GEMM builds a oneDNN primitive for each new shape, and each
+    decoding step's key length is new (about 1 ms a product, against 40 us). The products of two bf16 numbers are
+    exact in fp32 and summed there, as the GEMM does."""
+    if rows.shape[-2] > FEW_ROWS or rows.dtype not in (torch.bfloat16, torch.float16) or rows.device.type != "cpu":
+        return _keys_product(rows, keys, out)
+    product = (rows.float().unsqueeze(-2) * keys.unsqueeze(-3)).sum(-1)
+    return product.to(rows.dtype) if out is None else out.copy_(product)
 
 
 class Workspace:

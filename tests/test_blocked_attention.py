@@ -207,6 +207,32 @@ def test_xlnet_in_blocks_equals_one_block(blocks_of, bi_data):
 # Softmax cross-entropy
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows_shape, keys_shape, masked_far", [
+    ((3, 1, 8), (3, 37, 8), None),  # keys shared by the batch
+    ((3, 1, 8), (3, 37, 8), 5),  # with a folded mask
+    ((2, 1, 3, 2, 8), (2, 1, 3, 37, 8), None),  # grouped keys (XLNet's bi_data)
+])  # fmt: skip
+def test_few_reduced_precision_position_rows_are_multiplied_out_as_the_gemm_would(dtype, rows_shape, keys_shape,
+                                                                               masked_far, monkeypatch):  # fmt: skip
+    """A decoding step's few bf16 / fp16 query rows: position scores without torch's GEMM (which builds a oneDNN
+    primitive for every new key length), equal to the GEMM's exact products summed in fp32."""
+    torch.manual_seed(0)
+    query = torch.randn(rows_shape).to(dtype)
+    if len(rows_shape) == 5:  # [G, B/G, H, q, d] -> the [B, H, q, d] query
+        query = query.flatten(0, 1)
+    else:  # [H, q, d] -> [1, H, q, d]
+        query = query[None]
+    keys = torch.randn(keys_shape).to(dtype)
+    with torch.no_grad():
+        expected = attention._unshifted_position_scores(query.double(), keys.double(), masked_far)
+        monkeypatch.setattr(attention, "_keys_product", lambda *args, **kwargs: pytest.fail("the GEMM was called"))
+        actual = attention._unshifted_position_scores(query, keys, masked_far)
+    assert actual.dtype == dtype
+    expected = expected.masked_fill(expected == torch.finfo(torch.float64).min, torch.finfo(dtype).min)  # (masked)
+    torch.testing.assert_close(actual, expected.to(dtype), rtol=0, atol=0)
+
+
 def test_softmax_cross_entropy_equals_torch_in_values_and_gradients():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(50, 37, dtype=torch.float64, generator=generator, requires_grad=True)
