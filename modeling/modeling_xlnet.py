@@ -872,8 +872,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
 
     Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
     position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
-    are therefore the same targets, and are taken as such (one or the other). Generation gives transformers' tokens: the next token comes from the query stream of the
-    position after the input (`predict_next_token`); with memory, the last two known tokens are recomputed each step.
+    are therefore the same targets, and are taken as such (one or the other). Generation gives transformers' tokens:
+    the next token comes from the query stream of the position after the input (`predict_next_token`); with memory,
+    the last two known tokens are recomputed each step.
     """
 
     _tied_weights_keys = {"lm_loss.weight": "transformer.word_embedding.weight"}

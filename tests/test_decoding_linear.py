@@ -280,8 +280,9 @@ def test_training_gradients_are_the_same_through_onednn(model_type, monkeypatch)
 
     torch.manual_seed(0)
     if model_type == "transfo-xl":
-        model = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4,
-                                                     d_head=8, d_inner=48, n_layer=2, mem_len=8, dropout=0.0))  # fmt: skip
+        config = TransfoXLConfig(vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4, d_head=8,
+                                 d_inner=48, n_layer=2, mem_len=8, dropout=0.0)  # fmt: skip
+        model = TransfoXLLMHeadModel(config)
     else:
         model = XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
     ids = torch.randint(0, 90, (2, 12), generator=torch.Generator().manual_seed(1))
