@@ -18,12 +18,13 @@ packed copy of each weight, made on first use and kept as long as the weight liv
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
 of a 128-token segment: 80 against 167). Where `onednn_product_pays` measures that, fp32 products of more than
-`MAX_ROWS` rows go to oneDNN (an evaluation, a prompt, the loss's logits: `cross_entropy.linear_into`), and with
-gradients their backward products too (`_OneDNNLinear`).
+`MAX_ROWS` rows go to oneDNN (an evaluation, a prompt, the loss's logits: `cross_entropy.linear_into`); with
+gradients, or in a compiled graph (whatever its rows), through the operator `onednn_linear_op`, whose backward
+products are oneDNN's too.
 
 Everything else (GPU, fp16, one fp32 row into a narrower output, where the matrix-vector path is the faster one,
-products with gradients but those `_OneDNNLinear` takes and the transposed product of a few fp32 rows, bf16
-products with gradients, or torch.compile) goes to `F.linear` unchanged.
+bf16 products with gradients, products in a graph torch.export traces, or torch.compile's where oneDNN does not pay)
+goes to `F.linear` unchanged.
 
 The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
