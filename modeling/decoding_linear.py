@@ -80,10 +80,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` is oneDNN's GEMM on the plain weight: fp32 on CPU, more than `MAX_ROWS`
     rows (any number in a compiled graph, which must not branch on it), where `onednn_product_pays`; never under
-    torch.export, whose graphs (ONNX export's too) keep torch's own operations."""
+    torch.export, whose graphs (ONNX export's too) keep torch's own operations, nor under autocast, whose products
+    run in its lower precision."""
     return (
         not torch.compiler.is_exporting()
         and x.device.type == "cpu"
+        and not torch.is_autocast_enabled("cpu")
         and x.dtype == weight.dtype == torch.float32
         and is_plain_tensor(weight)
         and (torch.compiler.is_compiling() or x.numel() // weight.shape[1] > MAX_ROWS)

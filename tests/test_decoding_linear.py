@@ -266,6 +266,17 @@ def test_many_rows_with_gradients_go_to_onednn_both_ways(bias, monkeypatch):
     assert len(calls) == 3  # y = x W^T + b, dx = dy W, dW = dy^T x
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_many_rows_under_autocast_are_f_linear_in_its_dtype(requires_grad, monkeypatch):
+    """Under CPU autocast the product runs in autocast's dtype, as F.linear's does, not in fp32 through oneDNN."""
+    x, weight = torch.randn(MAX_ROWS + 3, 16), torch.randn(48, 16, requires_grad=requires_grad)
+    monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, expected = linear(x, weight), F.linear(x, weight)
+    assert output.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(output, expected)
+
+
 def test_many_rows_where_onednn_does_not_pay_are_f_linear_exactly(monkeypatch):
     x, weight = torch.randn(MAX_ROWS + 3, 16), torch.randn(48, 16, requires_grad=True)
     monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: False)
