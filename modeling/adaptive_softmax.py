@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cross_entropy import Softmax, SoftmaxPart, linear_cross_entropy, linear_into, softmax_dtype
-from .decoding_linear import MAX_ROWS, is_plain_linear, linear
+from .decoding_linear import MAX_ROWS, is_differentiable, is_plain_linear, linear
 from .library_ops import define
 
 
@@ -177,9 +177,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         follow writes into `out=`); with gradients, with output layers that are called rather than read (quantized),
         or under torch.export, log_softmax per cluster and one concatenation."""
         head_end, plain = self.bounds[0][1], self._plain_layers()
-        differentiable = torch.is_grad_enabled() and (hidden.requires_grad or self.out_layers[0].weight.requires_grad)
         # (torch.export, and ONNX export through it, trace this path too: plain operations, no operator of ours)
-        if not plain or differentiable or torch.compiler.is_exporting():
+        if not plain or is_differentiable(hidden, self.out_layers[0].weight) or torch.compiler.is_exporting():
             if plain:
                 clusters = self._clusters()
                 logits = [self._logits(hidden, *self._head_cluster(clusters))]
@@ -254,15 +253,15 @@ def _log_prob_into_columns(
     weights at every decoding step.)"""
     sizes = [weight.shape[0] for weight in weights]
     head_end, vocab_size = sizes[0], sum(sizes)
+    head_size = head_end + len(sizes) - 1  # (the head words, then one logit per tail cluster)
     output = torch.empty(hidden.shape[0], vocab_size, dtype=softmax_dtype(hidden.dtype), device=hidden.device)
     projected = _project(hidden, projections[0])
     ProjectedAdaptiveLogSoftmax._logits(projected, weights[0], None, None, out=output[:, :head_end])
     bias = biases[0]
     if cluster_weight is not None:
-        head_size = head_end + cluster_weight.shape[0]
         ProjectedAdaptiveLogSoftmax._logits(projected, cluster_weight, None, None, out=output[:, head_end:head_size])
         bias = torch.cat([bias, cluster_bias])
-    head = _log_softmax_(output[:, : head_end + len(sizes) - 1], bias)
+    head = _log_softmax_(output[:, :head_size], bias)
     cluster_log_p = head[:, head_end:].clone()
     start = head_end
     for cluster in range(1, len(sizes)):

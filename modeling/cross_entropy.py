@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .decoding_linear import onednn_linear, uses_onednn
+from .decoding_linear import is_differentiable, onednn_linear, uses_onednn
 from .library_ops import define
 
 IGNORE_INDEX = -100  # (transformers' label for "no target here")
@@ -323,8 +323,7 @@ def linear_into(out, hidden, weight, bias=None):
     be a column slice of a wider tensor."""
     if not out.dtype == hidden.dtype == weight.dtype:
         return out.copy_(F.linear(hidden, weight, bias))
-    differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if uses_onednn(hidden, weight, bias) and not differentiable:  # (faster by more than the copy, where taken)
+    if uses_onednn(hidden, weight, bias) and not is_differentiable(hidden, weight):  # (faster than the copy)
         return out.copy_(onednn_linear(hidden, weight, bias))
     if bias is None:
         return torch.mm(hidden, weight.t(), out=out)

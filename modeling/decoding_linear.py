@@ -64,7 +64,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     threads = torch.get_num_threads()
     if x.dtype == torch.bfloat16:
         # (a weight made under inference_mode has no version counter to say when its packed copy is stale)
-        if _differentiable(x, weight, bias) or weight.is_inference() or not packed_product_pays(threads):
+        if is_differentiable(x, weight, bias) or weight.is_inference() or not packed_product_pays(threads):
             return F.linear(x, weight, bias)
         return onednn_linear(x, packed_weight(weight), bias)
     if (
@@ -96,10 +96,11 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _traced(*tensors) -> bool:
     """Whether a product must be one operator that autograd or torch.compile can follow: it has gradients to
     come, or a graph is being traced."""
-    return torch.compiler.is_compiling() or _differentiable(*tensors)
+    return torch.compiler.is_compiling() or is_differentiable(*tensors)
 
 
-def _differentiable(*tensors) -> bool:
+def is_differentiable(*tensors) -> bool:
+    """Whether autograd records an operation on `tensors` (None entries allowed)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 

@@ -188,17 +188,16 @@ def test_bf16_with_gradients_or_where_packing_does_not_pay_is_f_linear_exactly(m
     assert torch.equal(output, F.linear(x, weight)) and output.requires_grad
 
 
-def tiny_bf16_lm(model_type):
+def tiny_lm(model_type):
+    """A two-layer language model of 90 words, fp32, in train mode (as constructed)."""
     from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
 
     torch.manual_seed(0)
     if model_type == "transfo-xl":
         config = TransfoXLConfig(vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4, d_head=8,
                                  d_inner=48, n_layer=2, mem_len=16, dropout=0.0, eos_token_id=None)  # fmt: skip
-        model = TransfoXLLMHeadModel(config)
-    else:
-        model = XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
-    return model.eval().to(torch.bfloat16)
+        return TransfoXLLMHeadModel(config)
+    return XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
 
 
 @needs_bf16_kernels
@@ -206,7 +205,7 @@ def tiny_bf16_lm(model_type):
 def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
     """Greedy decoding of a bf16 model with every few-row product from packed weights (XLNet's q, k and v included)
     against the same model through F.linear: the same tokens, up to near ties, and close logits."""
-    model = tiny_bf16_lm(model_type)
+    model = tiny_lm(model_type).eval().to(torch.bfloat16)
     prompt = torch.randint(1, 90, (1, 8), generator=torch.Generator().manual_seed(0))
 
     def decode():
@@ -287,15 +286,7 @@ def test_many_rows_where_onednn_does_not_pay_are_f_linear_exactly(monkeypatch):
 def test_training_gradients_are_the_same_through_onednn(model_type, monkeypatch):
     """A training step's loss and gradients with every product of many rows through oneDNN (XLNet's feed-forward
     under its selective checkpointing included) equal those through MKL."""
-    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
-
-    torch.manual_seed(0)
-    if model_type == "transfo-xl":
-        config = TransfoXLConfig(vocab_size=90, cutoffs=[20, 50], d_model=32, d_embed=32, n_head=4, d_head=8,
-                                 d_inner=48, n_layer=2, mem_len=8, dropout=0.0)  # fmt: skip
-        model = TransfoXLLMHeadModel(config)
-    else:
-        model = XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
+    model = tiny_lm(model_type)
     ids = torch.randint(0, 90, (2, 12), generator=torch.Generator().manual_seed(1))
 
     def loss_and_gradients():
