@@ -1,18 +1,18 @@
-"""Few-row linear layers on CPU: `F.linear` against `decoding_linear.transposed_linear` (the same product asked of
-BLAS as `(W x^T)^T`, which `decoding_linear.linear` takes on machines where it pays), side by side, with the weights
-cold as in a decoding step.
+"""Few-row linear layers on CPU: `F.linear` against the other products `decoding_linear.linear` may take, side by
+side, with the weights cold as in a decoding step.
 
     python benchmarks/bench_linear.py [--rows 1 2 3 4 6 8 16] [--rounds 10] [--dtype bfloat16]
 
 A decoding step reads every weight matrix once, and the model's weights do not fit in the CPU caches, so each
 product streams its matrix from memory. To measure that, each measurement cycles through enough copies of the
 matrix (about 64 MB in all) that every call finds its weights evicted. Shapes: the XLNet / Transformer-XL
-measurement config (d_model 512, d_inner 2048, vocabulary 32000), fp32, 2 threads. Reports ms per call (median of
-rounds) and the ratio F.linear / transposed (> 1: the transposed product is faster), and what
-`transposed_product_pays` decided on this machine. With `--dtype bfloat16` the other side is the product bf16
-decoding steps take instead, oneDNN's from a packed copy of the weight (`decoding_linear.onednn_linear`), and what
-`packed_product_pays` decided (a bf16 step should take half an fp32 step's time, its weights being half the bytes:
-compare with the fp32 table).
+measurement config (d_model 512, d_inner 2048, vocabulary 32000), 2 threads. In fp32 the other products are the
+same product asked of BLAS as `(W x^T)^T` (`transposed_linear`) and oneDNN's GEMM on the plain weight
+(`onednn_linear`); the table gives ms per call (median of rounds), each one's speed-up over F.linear (> 1: faster),
+and which one `fastest_few_rows_product` (its own, shorter measurement) chose on this machine for that shape and
+row count (up to 4 rows). With `--dtype bfloat16` the other side is the product bf16 decoding steps take instead,
+oneDNN's from a packed copy of the weight, and what `packed_product_pays` decided (a bf16 step should take half an
+fp32 step's time, its weights being half the bytes: compare with the fp32 table).
 """
 
 import argparse
@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from transformers_xl.modeling.decoding_linear import (
+    MAX_ROWS,
+    fastest_few_rows_product,
     onednn_linear,
     pack,
     packed_product_pays,
     transposed_linear,
-    transposed_product_pays,
 )
 
 SHAPES = {  # name: (out_features, in_features)
@@ -61,27 +62,35 @@ def main():
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(2)
     if dtype == torch.float32:
-        side, product, prepare = "transposed", transposed_linear, lambda weight: weight
-        pays = transposed_product_pays(2)
+        products = {"transposed": (transposed_linear, lambda weight: weight),
+                    "oneDNN": (onednn_linear, lambda weight: weight)}  # fmt: skip
+        print("float32, ms per call with cold weights, speed-up over F.linear; the product decoding_linear.linear "
+              "takes for up to 4 rows on this machine")
     else:
-        side, product, prepare, pays = "packed", onednn_linear, pack, packed_product_pays(2)
-    print(f"{args.dtype}, ms per call with cold weights; decoding_linear.linear takes the {side} product for "
-          f"{args.dtype} on this machine: {pays}")
-    print(f"{'shape':<30} {'rows':>5} {'F.linear':>10} {side:>10} {f'F.linear / {side}':>22}")
+        products = {"packed": (onednn_linear, pack)}
+        print(f"bfloat16, ms per call with cold weights, speed-up over F.linear; decoding_linear.linear takes the "
+              f"packed product on this machine: {packed_product_pays(2)}")
+    sides = "".join(f"{name:>18}" for name in products)
+    print(f"{'shape':<30} {'rows':>5} {'F.linear':>10}{sides}  chosen")
     for name, (out_features, in_features) in SHAPES.items():
         copies = max(2, COLD_BYTES // (out_features * in_features * dtype.itemsize))
         weights = [torch.randn(out_features, in_features, dtype=dtype) for _ in range(copies)]
-        prepared = [prepare(weight) for weight in weights]
         biases = [torch.randn(out_features, dtype=dtype) for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, in_features, dtype=dtype)
             expected = F.linear(x, weights[0], biases[0])  # entries ~sqrt(in_features): sums differ a bit
             tolerance = 1e-4 if dtype == torch.float32 else 0.5
-            torch.testing.assert_close(product(x, prepared[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
             reference = cold_ms(F.linear, weights, biases, x, args.rounds)
-            own = cold_ms(product, prepared, biases, x, args.rounds)
-            print(f"{name:<30} {rows:>5} {reference:>10.3f} {own:>10.3f} {reference / own:>21.2f}x")
-
+            cells = ""
+            for product, prepare in products.values():
+                prepared = [prepare(weight) for weight in weights]
+                torch.testing.assert_close(product(x, prepared[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
+                own = cold_ms(product, prepared, biases, x, args.rounds)
+                cells += f"{own:>9.3f} ({reference / own:4.2f}x)"
+            chosen = fastest_few_rows_product(out_features, in_features, rows, 2) if rows <= MAX_ROWS else "-"
+            if dtype != torch.float32:
+                chosen = "packed" if packed_product_pays(2) and rows <= MAX_ROWS else "F.linear"
+            print(f"{name:<30} {rows:>5} {reference:>10.3f}{cells}  {chosen}")
 
 if __name__ == "__main__":
     main()

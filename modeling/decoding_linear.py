@@ -2,12 +2,13 @@
 
 `F.linear(x, W)` asks BLAS for `x W^T` (W stored [out, in]). On CPU in fp32 with a handful of rows (a generation
 step feeds 1-3 tokens per sequence) BLAS serves that call from a matrix-vector path, and how fast that path streams
-the weights depends on the CPU: MKL on this project's AMD EPYC machines streams them at about a third of the speed
-it reaches for the same product asked as `(W x^T)^T` (the 32000-word output layer: 3.4 instead of 7.1 ms for one
-row), while on an Intel Xeon with AVX-512 the plain call is the faster one by 2x. Decoding steps read every weight
-once per token, so the choice is most of their time, and `transposed_product_pays` measures it once per process
-(`benchmarks/bench_linear.py` measures both ways side by side). The result is the same product, up to the order of
-the floating-point sums.
+the weights depends on the CPU and on the matrix: MKL on this project's AMD EPYC machines streams the 32000-word
+output layer at about a third of the speed it reaches for the same product asked as `(W x^T)^T` (3.4 instead of 7.1
+ms for one row), while oneDNN's GEMM is the fastest of the three for the feed-forward's [512, 2048] (0.19 ms against
+0.27), and on an Intel Xeon with AVX-512 the plain call is the faster one by 2x. Decoding steps read every weight
+once per token, so the choice is most of their time, and `fastest_few_rows_product` measures it once per process
+for each weight shape and row count (`benchmarks/bench_linear.py` measures the three side by side). The result is
+the same product, up to the order of the floating-point sums.
 
 In bf16 the same few-row products are slow in torch's own kernels (about 11 GB/s of weights on the AMD EPYC, less
 than fp32's transposed product reads twice the bytes at), while oneDNN, given the weight once in its own blocked
@@ -22,9 +23,8 @@ of a 128-token segment: 80 against 167). Where `onednn_product_pays` measures th
 gradients, or in a compiled graph (whatever its rows), through the operator `onednn_linear_op`, whose backward
 products are oneDNN's too.
 
-Everything else (GPU, fp16, one fp32 row into a narrower output, where the matrix-vector path is the faster one,
-bf16 products with gradients, products in a graph torch.export traces, or torch.compile's where oneDNN does not pay)
-goes to `F.linear` unchanged.
+Everything else (GPU, fp16, bf16 products with gradients, products in a graph torch.export traces, or
+torch.compile's where oneDNN does not pay) goes to `F.linear` unchanged.
 
 The models keep their layers plain `nn.Linear` modules and call them through `linear_layer`, which takes the fast
 product only for a plain layer and otherwise calls the layer: tools that replace `nn.Linear` by type (torch.ao's
@@ -67,14 +67,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if is_differentiable(x, weight, bias) or weight.is_inference() or not packed_product_pays(threads):
             return F.linear(x, weight, bias)
         return onednn_linear(x, packed_weight(weight), bias)
-    if (
-        x.dtype != torch.float32
-        or not weight.is_contiguous()  # (a transposed view would be copied, or read across its rows)
-        or (rows == 1 and out_features <= in_features)
-        or not transposed_product_pays(threads)
-    ):
+    if x.dtype != torch.float32 or not weight.is_contiguous():  # (a transposed view: copied, or read across rows)
         return F.linear(x, weight, bias)
-    return transposed_linear(x, weight, bias)
+    product = fastest_few_rows_product(out_features, in_features, rows, threads)
+    if product == "transposed":
+        return transposed_linear(x, weight, bias)
+    if product == "oneDNN":
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -180,23 +180,32 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _clearly_faster(product, prepare, dtype: torch.dtype, rows: int = 1) -> bool:
-    """Whether `product(x, prepare(weight))` computes a product of `rows` rows clearly faster than `F.linear(x,
-    weight)`: timed both ways, alternating, on copies of a [4096, 512] matrix (32 MiB in all, so that each call reads
-    its weights from memory as a decoding step does); a tenth of a second or less."""
-    copies = 32 * 2**20 // (4096 * 512 * dtype.itemsize)
-    weights = [torch.ones(4096, 512, dtype=dtype, device="cpu") for _ in range(copies)]
-    prepared = [prepare(weight) for weight in weights]
-    x = torch.ones(rows, 512, dtype=dtype, device="cpu")
-    ways = {"plain": lambda i: F.linear(x, weights[i]), "other": lambda i: product(x, prepared[i])}
+def _cold_seconds(ways: dict, out_features: int, in_features: int, dtype: torch.dtype, rows: int) -> dict:
+    """The best time of each way, `name: (prepare(weight), product(x, prepared))`, to multiply `rows` rows by each
+    of several [out_features, in_features] weights: 2 to 64 copies, 32 MiB in all where that many fit, so that each
+    call reads its weight from memory as a decoding step does (a tenth of a second or less per way)."""
+    copies = min(64, max(2, 32 * 2**20 // (out_features * in_features * dtype.itemsize)))
+    weights = [torch.ones(out_features, in_features, dtype=dtype, device="cpu") for _ in range(copies)]
+    x = torch.ones(rows, in_features, dtype=dtype, device="cpu")
+    prepared = {name: [prepare(weight) for weight in weights] for name, (prepare, _) in ways.items()}
     best = dict.fromkeys(ways, float("inf"))
     for _ in range(4):
-        for name, call in ways.items():
+        for name, (_, product) in ways.items():
             start = time.perf_counter()
-            for i in range(copies):
-                call(i)
+            for weight in prepared[name]:
+                product(x, weight)
             best[name] = min(best[name], time.perf_counter() - start)
-    return best["other"] < 0.8 * best["plain"]  # (a near tie keeps the plain call)
+    return best
+
+
+def _fastest(seconds: dict, plain: str = "F.linear") -> str:
+    """The fastest way, where it is clearly faster than the plain call (a near tie keeps the plain call)."""
+    fastest = min(seconds, key=seconds.get)
+    return fastest if seconds[fastest] < 0.8 * seconds[plain] else plain
+
+
+def _as_is(weight: torch.Tensor) -> torch.Tensor:
+    return weight
 
 
 def _onednn_available(dtype: torch.dtype) -> bool:
@@ -206,17 +215,24 @@ def _onednn_available(dtype: torch.dtype) -> bool:
 
 
 @functools.cache
-def transposed_product_pays(threads: int) -> bool:
-    """Whether this machine's BLAS, on `threads` threads, serves a one-row fp32 product clearly faster asked as
-    `(W x^T)^T` than as `F.linear` (measured once per thread count)."""
-    return _clearly_faster(transposed_linear, lambda weight: weight, torch.float32)
+def fastest_few_rows_product(out_features: int, in_features: int, rows: int, threads: int) -> str:
+    """Which call, "F.linear", "transposed" (`transposed_linear`) or "oneDNN" (`onednn_linear`), multiplies `rows`
+    fp32 rows by an [out_features, in_features] weight clearly fastest on this machine with `threads` threads (the
+    plain call unless another is clearly faster; measured once per shape, row count and thread count)."""
+    ways = {"F.linear": (_as_is, F.linear), "transposed": (_as_is, transposed_linear)}
+    if _onednn_available(torch.float32):
+        ways["oneDNN"] = (_as_is, onednn_linear)
+    return _fastest(_cold_seconds(ways, out_features, in_features, torch.float32, rows))
 
 
 @functools.cache
 def packed_product_pays(threads: int) -> bool:
     """Whether oneDNN, on `threads` threads, computes a one-row bf16 product clearly faster from a packed weight than
     `F.linear` does (measured once per thread count; False where this CPU or build has no bf16 oneDNN kernels)."""
-    return _onednn_available(torch.bfloat16) and _clearly_faster(onednn_linear, pack, torch.bfloat16)
+    if not _onednn_available(torch.bfloat16):
+        return False
+    ways = {"F.linear": (_as_is, F.linear), "packed": (pack, onednn_linear)}
+    return _fastest(_cold_seconds(ways, 4096, 512, torch.bfloat16, rows=1)) == "packed"
 
 
 @torch.compiler.assume_constant_result  # (a traced graph takes the answer as a constant, instead of timing inside)
@@ -228,7 +244,10 @@ def _onednn_pays_here() -> bool:
 def onednn_product_pays(threads: int) -> bool:
     """Whether oneDNN, on `threads` threads, computes an fp32 product of 64 rows clearly faster than `F.linear`
     (MKL) on the same plain weights (measured once per thread count)."""
-    return _onednn_available(torch.float32) and _clearly_faster(onednn_linear, lambda w: w, torch.float32, rows=64)
+    if not _onednn_available(torch.float32):
+        return False
+    ways = {"F.linear": (_as_is, F.linear), "oneDNN": (_as_is, onednn_linear)}
+    return _fastest(_cold_seconds(ways, 4096, 512, torch.float32, rows=64)) == "oneDNN"
 
 
 def is_plain_tensor(tensor: torch.Tensor) -> bool:

@@ -14,28 +14,31 @@ from transformers_xl.modeling import decoding_linear
 from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_layer
 
 
-def refuse_f_linear(monkeypatch, pays="transposed_product_pays"):
-    """As on a machine where the product that `pays` measures is the faster one, make the F.linear fallback fail, to
-    prove that a call took that product (transposed, packed bf16 or oneDNN's GEMM)."""
+def refuse_f_linear(monkeypatch, measurement="fastest_few_rows_product", answer="transposed"):
+    """As on a machine where `measurement` finds another product than F.linear's the faster one (transposed or
+    oneDNN's for few fp32 rows, packed for bf16, oneDNN's GEMM for many rows), make the F.linear fallback fail, to
+    prove that a call took that product."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("F.linear called")
 
-    monkeypatch.setattr(decoding_linear, pays, lambda threads: True)
+    monkeypatch.setattr(decoding_linear, measurement, lambda *shape_and_threads: answer)
     monkeypatch.setattr(decoding_linear.F, "linear", refuse)
 
 
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("product", ["transposed", pytest.param("oneDNN", marks=needs_onednn)])
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3,), (2, MAX_ROWS // 2), (MAX_ROWS,)])
 @pytest.mark.parametrize("out_features, in_features", [(48, 16), (16, 48)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_equals_f_linear(shape, out_features, in_features, bias, monkeypatch):
+def test_few_rows_products_equal_f_linear(product, shape, out_features, in_features, bias, monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(in_features, out_features, bias=bias)
     x = torch.randn(*shape, in_features)
     expected = F.linear(x, layer.weight, layer.bias)
-    rows = x.numel() // in_features
-    if rows > 1 or out_features > in_features:  # the cases that take the transposed product
-        refuse_f_linear(monkeypatch)
+    refuse_f_linear(monkeypatch, answer=product)
     output = linear_layer(layer, x)
     assert output.shape == expected.shape and output.is_contiguous()
     torch.testing.assert_close(output, expected)
@@ -59,21 +62,33 @@ def test_gradients_equal_f_linear():
     [
         (torch.randn(3, 16, dtype=torch.float16), torch.randn(48, 16, dtype=torch.float16)),  # fp16
         (torch.randn(MAX_ROWS + 1, 16), torch.randn(48, 16)),  # many rows: a real GEMM already
-        (torch.randn(1, 48), torch.randn(16, 48)),  # one row into a narrower output: the GEMV path is faster
+        (torch.randn(2, 16), torch.randn(16, 48).t()),  # a transposed view, not the layout measured
     ],
 )
 def test_other_cases_are_f_linear_exactly(x, weight, monkeypatch):
     monkeypatch.setattr(decoding_linear, "onednn_product_pays", lambda threads: False)
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_threads: "transposed")
     assert torch.equal(linear(x, weight), F.linear(x, weight))
 
 
-def test_where_the_transposed_product_does_not_pay_linear_is_f_linear_exactly(monkeypatch):
-    monkeypatch.setattr(decoding_linear, "transposed_product_pays", lambda threads: False)
+def test_where_f_linear_is_the_fastest_linear_is_f_linear_exactly(monkeypatch):
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_threads: "F.linear")
     x, weight, bias = torch.randn(3, 16), torch.randn(48, 16), torch.randn(48)
     assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
 
 
-@pytest.mark.parametrize("measurement", ["transposed_product_pays", "packed_product_pays", "onednn_product_pays"])
+def test_few_rows_products_are_measured_once_per_shape():
+    """One measurement per weight shape, row count and thread count; a measured answer is one of the products."""
+    fastest = decoding_linear.fastest_few_rows_product
+    fastest.cache_clear()
+    threads = torch.get_num_threads()
+    answers = [fastest(48, 16, rows, threads) for rows in (1, 2, 1)] + [fastest(16, 48, 1, threads)]
+    assert set(answers) <= {"F.linear", "transposed", "oneDNN"}
+    info = fastest.cache_info()
+    assert (info.misses, info.hits) == (3, 1)
+
+
+@pytest.mark.parametrize("measurement", ["packed_product_pays", "onednn_product_pays"])
 def test_each_product_choice_is_measured_once_per_thread_count(measurement):
     pays = getattr(decoding_linear, measurement)
     pays.cache_clear()
@@ -147,7 +162,7 @@ def test_bf16_packed_product_equals_f_linear(shape, out_features, in_features, b
     layer = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
     x = torch.randn(*shape, in_features, dtype=torch.bfloat16)
     expected = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
-    refuse_f_linear(monkeypatch, "packed_product_pays")
+    refuse_f_linear(monkeypatch, "packed_product_pays", True)
     with torch.inference_mode():
         output = linear_layer(layer, x)
     assert output.dtype == torch.bfloat16 and output.shape == expected.shape and output.is_contiguous()
@@ -161,7 +176,7 @@ def test_a_weight_is_packed_once_and_again_after_it_changes(monkeypatch):
     x = torch.randn(2, 16, dtype=torch.bfloat16)
     packs, pack = [], decoding_linear.pack
     monkeypatch.setattr(decoding_linear, "pack", lambda weight: packs.append(tuple(weight.shape)) or pack(weight))
-    refuse_f_linear(monkeypatch, "packed_product_pays")
+    refuse_f_linear(monkeypatch, "packed_product_pays", True)
     with torch.no_grad():
         first = linear_layer(layer, x)
         assert torch.equal(linear_layer(layer, x), first)
@@ -238,7 +253,7 @@ def test_many_rows_without_gradients_go_to_onednn_and_equal_f_linear(shape, bias
     b = torch.randn(48) if bias else None
     x = torch.randn(*shape, 16)
     expected = F.linear(x, weight, b)
-    refuse_f_linear(monkeypatch, "onednn_product_pays")
+    refuse_f_linear(monkeypatch, "onednn_product_pays", True)
     with torch.no_grad():
         output = linear(x, weight, b)
     assert output.shape == expected.shape
@@ -255,7 +270,7 @@ def test_many_rows_with_gradients_go_to_onednn_both_ways(bias, monkeypatch):
     grad = torch.randn(3, MAX_ROWS + 2, 48)
     expected = F.linear(x, weight, b)
     expected_grads = torch.autograd.grad(expected, leaves, grad)
-    refuse_f_linear(monkeypatch, "onednn_product_pays")
+    refuse_f_linear(monkeypatch, "onednn_product_pays", True)
     calls, onednn_linear = [], decoding_linear.onednn_linear
     monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: calls.append(1) or onednn_linear(*args))
     output = linear(x, weight, b)
