@@ -213,11 +213,11 @@ def test_xlnet_in_blocks_equals_one_block(blocks_of, bi_data):
     ((3, 1, 8), (3, 37, 8), 5),  # with a folded mask
     ((2, 1, 3, 2, 8), (2, 1, 3, 37, 8), None),  # grouped keys (XLNet's bi_data)
 ])  # fmt: skip
-def test_few_reduced_precision_position_rows_are_multiplied_out_as_the_gemm_would(dtype, rows_shape, keys_shape,
-                                                                               masked_far, monkeypatch):  # fmt: skip
-    """A decoding step's few bf16 / fp16 query rows: position scores without torch's GEMM (which builds a oneDNN
-    primitive for every new key length), equal to the exact products rounded to the dtype (up to one rounding step:
-    the fp32 sums may round the other way than fp64's, and their order differs between CPUs)."""
+def test_few_reduced_precision_position_rows_are_multiplied_in_fp32(dtype, rows_shape, keys_shape, masked_far,
+                                                                   monkeypatch):  # fmt: skip
+    """A decoding step's few bf16 / fp16 query rows: position scores without torch's reduced-precision GEMM (which
+    builds a oneDNN primitive for every new key length), equal to the exact products rounded to the dtype (up to one
+    rounding step: the fp32 sums may round the other way than fp64's, and their order differs between CPUs)."""
     torch.manual_seed(0)
     query = torch.randn(rows_shape).to(dtype)
     if len(rows_shape) == 5:  # [G, B/G, H, q, d] -> the [B, H, q, d] query
@@ -227,7 +227,14 @@ def test_few_reduced_precision_position_rows_are_multiplied_out_as_the_gemm_woul
     keys = torch.randn(keys_shape).to(dtype)
     with torch.no_grad():
         expected = attention._unshifted_position_scores(query.double(), keys.double(), masked_far)
-        monkeypatch.setattr(attention, "_keys_product", lambda *args, **kwargs: pytest.fail("the GEMM was called"))
+        fp32_product = attention._keys_product
+
+        def only_fp32(rows, keys, out=None):
+            if dtype in (rows.dtype, keys.dtype):
+                pytest.fail(f"the {dtype} GEMM was called")
+            return fp32_product(rows, keys, out)
+
+        monkeypatch.setattr(attention, "_keys_product", only_fp32)
         actual = attention._unshifted_position_scores(query, keys, masked_far)
     assert actual.dtype == dtype
     expected = expected.masked_fill(expected == torch.finfo(torch.float64).min, torch.finfo(dtype).min)  # (masked)
