@@ -36,16 +36,18 @@ def readings(*others_per_window, cores=2, window=IdleCores.WINDOW):
     ],
 )
 def test_idle_cores_from_the_others_cpu_time(others, cores, idle):
-    watch = IdleCores(readings(others, cores=cores).__next__)
+    watch = IdleCores(readings(others, cores=cores).__next__, clock=lambda: float("inf"))
     assert watch() == 1  # (no window yet: one thread)
     assert watch() == idle
 
 
 def test_idle_cores_keep_their_count_within_a_window_and_follow_the_next():
-    fake = iter([CpuTimes(0.0, 0.0, 0.0, 2), CpuTimes(0.1, 0.1, 0.1, 2), CpuTimes(0.3, 0.3, 0.3, 2),
-                 CpuTimes(0.4, 0.5, 0.4, 2), CpuTimes(0.6, 0.9, 0.5, 2)])  # fmt: skip
-    watch = IdleCores(fake.__next__)
+    """Steps at 0, 0.1, 0.3, 0.4 and 0.6 s: /proc/stat is read once a window has passed (at 0, 0.3 and 0.6 s)."""
+    fake = iter([CpuTimes(0.0, 0.0, 0.0, 2), CpuTimes(0.3, 0.3, 0.3, 2), CpuTimes(0.6, 0.9, 0.5, 2)])
+    steps = iter([0.1, 0.3, 0.4, 0.6])
+    watch = IdleCores(fake.__next__, clock=steps.__next__)
     assert [watch() for _ in range(5)] == [1, 1, 2, 2, 1]  # (quiet over 0-0.3 s; others took a core over 0.3-0.6 s)
+    assert next(fake, None) is None and next(steps, None) is None
 
 
 def test_without_proc_stat_a_step_runs_on_one_thread():
