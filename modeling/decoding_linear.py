@@ -8,13 +8,17 @@ ms for one row), while oneDNN's GEMM is the fastest of the three for the feed-fo
 0.27), and on an Intel Xeon with AVX-512 the plain call is the faster one by 2x. Decoding steps read every weight
 once per token, so the choice is most of their time, and `fastest_few_rows_product` measures it once per process
 for each weight shape and row count (`benchmarks/bench_linear.py` measures the three side by side). The result is
-the same product, up to the order of the floating-point sums.
+the same product, up to the order of the floating-point sums. A weight that is a transposed view (XLNet's q, k, v,
+stored [d_model, H, D] and applied as x W) would be read across its rows by the faster products, and BLAS serves it
+no faster than the plain call (0.15 ms for [512, 512], against 0.08 for the transposed product of a contiguous copy):
+those products multiply by a contiguous copy, made on a weight's first decoding step and kept as a packed bf16 copy
+is (below), which cost an fp32 XLNet 3 d_model^2 floats more per layer while it decodes.
 
 In bf16 the same few-row products are slow in torch's own kernels (about 11 GB/s of weights on the AMD EPYC, less
 than fp32's transposed product reads twice the bytes at), while oneDNN, given the weight once in its own blocked
 layout, streams it at about 27 GB/s: where `packed_product_pays` measures that, bf16 decoding steps multiply by a
 packed copy of each weight, made on first use and kept as long as the weight lives and is not modified (see
-`packed_weight`). The copy is what a bf16 model pays for it: its weights' memory twice, an fp32 model's.
+`prepared_weight`). The copy is what a bf16 model pays for it: its weights' memory twice, an fp32 model's.
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
@@ -62,19 +66,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ):
         return F.linear(x, weight, bias)
     threads = torch.get_num_threads()
+    # (a weight made under inference_mode has no version counter to say when a copy of it is stale)
+    copyable = not (is_differentiable(x, weight, bias) or weight.is_inference())
     if x.dtype == torch.bfloat16:
-        # (a weight made under inference_mode has no version counter to say when its packed copy is stale)
-        if is_differentiable(x, weight, bias) or weight.is_inference() or not packed_product_pays(threads):
+        if not copyable or not packed_product_pays(threads):
             return F.linear(x, weight, bias)
-        return onednn_linear(x, packed_weight(weight), bias)
-    if x.dtype != torch.float32 or not weight.is_contiguous():  # (a transposed view: copied, or read across rows)
+        return onednn_linear(x, prepared_weight(weight, pack), bias)
+    product = fastest_few_rows_product(out_features, in_features, rows, threads) if x.dtype == torch.float32 else None
+    if product in (None, "F.linear"):
         return F.linear(x, weight, bias)
-    product = fastest_few_rows_product(out_features, in_features, rows, threads)
+    if not weight.is_contiguous():
+        # A transposed view (XLNet's q, k, v, stored [d_model, H, D]): the products measured read [out, in] rows,
+        # so they multiply by a contiguous copy, kept as a packed one is.
+        if not (copyable and weight.t().is_contiguous()):
+            return F.linear(x, weight, bias)
+        weight = prepared_weight(weight, torch.Tensor.contiguous)
     if product == "transposed":
         return transposed_linear(x, weight, bias)
-    if product == "oneDNN":
-        return onednn_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return onednn_linear(x, weight, bias)
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -162,22 +171,23 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
 
 
-# weight's base tensor (the parameter a slice or reshape of it views) -> {the view's layout: (version, packed)}
-_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# weight's base tensor (the parameter a slice or reshape of it views) -> {(prepare, the view's layout): (version, copy)}
+_PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`pack(weight)`, made once per weight: kept while the parameter it views lives, and made anew once that
-    parameter is modified in place (an optimizer step, `load_state_dict`), which moves its version counter."""
+def prepared_weight(weight: torch.Tensor, prepare) -> torch.Tensor:
+    """`prepare(weight)` (`pack`, or a contiguous copy), made once per weight: kept while the parameter it views
+    lives, and made anew once that parameter is modified in place (an optimizer step, `load_state_dict`), which moves
+    its version counter."""
     base = weight if weight._base is None else weight._base
-    layout = (weight.storage_offset(), tuple(weight.shape), weight.stride())
-    versions = _PACKED.setdefault(base, {})
-    version, packed = versions.get(layout, (None, None))
+    key = (prepare, weight.storage_offset(), tuple(weight.shape), weight.stride())
+    copies = _PREPARED.setdefault(base, {})
+    version, prepared = copies.get(key, (None, None))
     if version != weight._version:
         with torch.no_grad():
-            packed = pack(weight)
-        versions[layout] = (weight._version, packed)
-    return packed
+            prepared = prepare(weight)
+        copies[key] = (weight._version, prepared)
+    return prepared
 
 
 def _cold_seconds(ways: dict, out_features: int, in_features: int, dtype: torch.dtype, rows: int) -> dict:

@@ -62,7 +62,6 @@ def test_gradients_equal_f_linear():
     [
         (torch.randn(3, 16, dtype=torch.float16), torch.randn(48, 16, dtype=torch.float16)),  # fp16
         (torch.randn(MAX_ROWS + 1, 16), torch.randn(48, 16)),  # many rows: a real GEMM already
-        (torch.randn(2, 16), torch.randn(16, 48).t()),  # a transposed view, not the layout measured
     ],
 )
 def test_other_cases_are_f_linear_exactly(x, weight, monkeypatch):
@@ -75,6 +74,38 @@ def test_where_f_linear_is_the_fastest_linear_is_f_linear_exactly(monkeypatch):
     monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_threads: "F.linear")
     x, weight, bias = torch.randn(3, 16), torch.randn(48, 16), torch.randn(48)
     assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+@pytest.mark.parametrize("product", ["transposed", pytest.param("oneDNN", marks=needs_onednn)])
+def test_a_transposed_view_is_multiplied_by_a_contiguous_copy_made_once(product, monkeypatch):
+    """XLNet's q, k, v: [d_model, H*D] read as their transposed view. The measured products take a contiguous copy,
+    made once and again after the parameter changes; with gradients to come, or for an inference tensor (no version
+    counter to tell), F.linear reads the view itself."""
+    torch.manual_seed(0)
+    parameter = nn.Parameter(torch.randn(16, 48))
+    x = torch.randn(2, 16)
+    copies, contiguous = [], torch.Tensor.contiguous
+    refuse_f_linear(monkeypatch, answer=product)
+
+    def counted(tensor, *args, **kwargs):
+        if tensor.shape == (48, 16) and not tensor.is_contiguous():  # (the weight's view; products copy rows too)
+            copies.append(tensor.shape)
+        return contiguous(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", counted)
+    with torch.no_grad():
+        first = linear(x, parameter.t())
+        torch.testing.assert_close(first, x @ parameter)
+        assert torch.equal(linear(x, parameter.t()), first) and len(copies) == 1
+        parameter.mul_(2)
+        torch.testing.assert_close(linear(x, parameter.t()), 2 * first)
+        assert len(copies) == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_threads: product)
+    assert torch.equal(linear(x, parameter.t()), F.linear(x, parameter.t()))  # (gradients to come)
+    with torch.inference_mode():
+        weight = torch.randn(16, 48)
+        assert torch.equal(linear(x, weight.t()), F.linear(x, weight.t()))
 
 
 def test_few_rows_products_are_measured_once_per_shape():
@@ -185,12 +216,12 @@ def test_a_weight_is_packed_once_and_again_after_it_changes(monkeypatch):
         layer.weight.mul_(2)  # an in-place change (an optimizer step, load_state_dict): packed anew
         torch.testing.assert_close(linear_layer(layer, x).float(), 2 * first.float(), rtol=2e-2, atol=2e-2)
     assert packs == [(48, 16), (40, 16), (48, 16)]
-    assert layer.weight in decoding_linear._PACKED
+    assert layer.weight in decoding_linear._PREPARED
     gc.collect()
-    entries = len(decoding_linear._PACKED)
+    entries = len(decoding_linear._PREPARED)
     del layer  # the copies live as long as their parameter
     gc.collect()
-    assert len(decoding_linear._PACKED) == entries - 1
+    assert len(decoding_linear._PREPARED) == entries - 1
 
 
 def test_bf16_with_gradients_or_where_packing_does_not_pay_is_f_linear_exactly(monkeypatch):
@@ -239,6 +270,40 @@ def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
     # feed-forward's 2; XLNet's q, k, v, o and 2.
     per_layer = {"transfo-xl": 4, "xlnet": 6}[model_type]
     assert len(packed) >= 5 * 2 * per_layer
+
+
+@pytest.mark.parametrize("product", ["transposed", pytest.param("oneDNN", marks=needs_onednn)])
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_fp32_models_decode_alike_with_each_few_rows_product(model_type, product, monkeypatch):
+    """Greedy decoding with every few-row fp32 product the transposed one or oneDNN's (XLNet's q, k, v from
+    contiguous copies of their transposed views) against the same model through F.linear: the same tokens, up to
+    near ties, and close logits."""
+    model = tiny_lm(model_type).eval()
+    prompt = torch.randint(1, 90, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def decode():
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+        return out.sequences, list(out.logits)
+
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_threads: "F.linear")
+    expected = decode()
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_threads: product)
+    calls = {"products": [], "copies": []}
+    counted = {"transposed_linear": "products", "onednn_linear": "products", "prepared_weight": "copies"}
+    for name, counter in counted.items():
+        function = getattr(decoding_linear, name)
+        monkeypatch.setattr(decoding_linear, name, lambda *args, f=function, c=calls[counter]: c.append(1) or f(*args))
+    assert_greedy_decodings_agree(*decode(), *expected, atol=1e-4, rtol=1e-4)
+    # Each of the 5 steps after the prompt's, in each of the 2 layers: Transformer-XL's qkv, o and the feed-forward's
+    # 2; XLNet's q, k, v (from copies), o and 2.
+    per_layer = {"transfo-xl": 4, "xlnet": 6}[model_type]
+    assert len(calls["products"]) >= 5 * 2 * per_layer
+    if model_type == "xlnet":
+        assert len(calls["copies"]) >= 5 * 2 * 3
+    else:  # (no transposed weights)
+        assert not calls["copies"]
 
 
 # ---- fp32 products of many rows: oneDNN's GEMM where MKL's is slower
