@@ -49,6 +49,9 @@ from .library_ops import define
 
 
 MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows on, either call may win
+# Weights smaller than this stay with F.linear unmeasured: they are read from the caches, where the call with the
+# fewest operations is the fastest (and a tiny model's dozens of shapes would each cost a measurement).
+MEASURED_BYTES = 256 * 2**10
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -228,7 +231,10 @@ def _onednn_available(dtype: torch.dtype) -> bool:
 def fastest_few_rows_product(out_features: int, in_features: int, rows: int, threads: int) -> str:
     """Which call, "F.linear", "transposed" (`transposed_linear`) or "oneDNN" (`onednn_linear`), multiplies `rows`
     fp32 rows by an [out_features, in_features] weight clearly fastest on this machine with `threads` threads (the
-    plain call unless another is clearly faster; measured once per shape, row count and thread count)."""
+    plain call unless another is clearly faster; measured once per shape, row count and thread count, for weights of
+    `MEASURED_BYTES` or more)."""
+    if out_features * in_features * torch.float32.itemsize < MEASURED_BYTES:
+        return "F.linear"
     ways = {"F.linear": (_as_is, F.linear), "transposed": (_as_is, transposed_linear)}
     if _onednn_available(torch.float32):
         ways["oneDNN"] = (_as_is, onednn_linear)

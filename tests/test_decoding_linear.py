@@ -108,15 +108,22 @@ def test_a_transposed_view_is_multiplied_by_a_contiguous_copy_made_once(product,
         assert torch.equal(linear(x, weight.t()), F.linear(x, weight.t()))
 
 
-def test_few_rows_products_are_measured_once_per_shape():
-    """One measurement per weight shape, row count and thread count; a measured answer is one of the products."""
+def test_few_rows_products_are_measured_once_per_shape(monkeypatch):
+    """One measurement per weight shape, row count and thread count, whose answer is one of the products; weights
+    under MEASURED_BYTES are F.linear's unmeasured."""
     fastest = decoding_linear.fastest_few_rows_product
     fastest.cache_clear()
     threads = torch.get_num_threads()
-    answers = [fastest(48, 16, rows, threads) for rows in (1, 2, 1)] + [fastest(16, 48, 1, threads)]
+    measured, cold_seconds = [], decoding_linear._cold_seconds
+    monkeypatch.setattr(decoding_linear, "_cold_seconds",
+                        lambda *args: measured.append(args[1:]) or cold_seconds(*args))  # fmt: skip
+    side = decoding_linear.MEASURED_BYTES // 4 // 128
+    answers = [fastest(side, 128, rows, threads) for rows in (1, 2, 1)] + [fastest(128, side, 1, threads)]
     assert set(answers) <= {"F.linear", "transposed", "oneDNN"}
+    assert [shape[:2] for shape in measured] == [(side, 128), (side, 128), (128, side)]
     info = fastest.cache_info()
     assert (info.misses, info.hits) == (3, 1)
+    assert fastest(side - 1, 128, 1, threads) == "F.linear" and len(measured) == 3
 
 
 @pytest.mark.parametrize("measurement", ["packed_product_pays", "onednn_product_pays"])
