@@ -84,7 +84,7 @@ def _few_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def _few_fp32_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
     """`linear` of a few fp32 rows: the product measured fastest for this shape."""
-    product = fastest_few_rows_product(*weight.shape, rows, torch.get_num_threads())
+    product = fastest_few_rows_product(*weight.shape, rows)
     if product == "F.linear":
         return F.linear(x, weight, bias)
     if not weight.is_contiguous():
@@ -212,13 +212,13 @@ def _cold_seconds(ways: dict, out_features: int, in_features: int, dtype: torch.
     """The best time of each way, `name: (prepare(weight), product(x, prepared))`, to multiply `rows` rows by each
     of several [out_features, in_features] weights: 2 to 256 copies, 64 MiB in all where that many fit (more than
     the 32 MiB L3 cache of this project's machines, which would keep part of 32 MiB), so that each call reads its
-    weight from memory as a decoding step does (a tenth of a second or less per way)."""
+    weight from memory as a decoding step does (40-75 ms for three ways)."""
     copies = min(256, max(2, 64 * 2**20 // (out_features * in_features * dtype.itemsize)))
     weights = [torch.ones(out_features, in_features, dtype=dtype, device="cpu") for _ in range(copies)]
     x = torch.ones(rows, in_features, dtype=dtype, device="cpu")
     prepared = {name: [prepare(weight) for weight in weights] for name, (prepare, _) in ways.items()}
     best = dict.fromkeys(ways, float("inf"))
-    for _ in range(4):
+    for _ in range(2):  # (the best of two: four chose the same, for twice the time)
         for name, (_, product) in ways.items():
             start = time.perf_counter()
             for weight in prepared[name]:
@@ -245,12 +245,13 @@ def _onednn_available(dtype: torch.dtype) -> bool:
 
 
 @functools.cache
-def fastest_few_rows_product(out_features: int, in_features: int, rows: int, threads: int) -> str:
+def fastest_few_rows_product(out_features: int, in_features: int, rows: int) -> str:
     """Which call, "F.linear", "transposed" (`transposed_linear`) or "oneDNN" (`onednn_linear`), multiplies `rows`
-    fp32 rows by an [out_features, in_features] weight clearly fastest on this machine with `threads` threads (the
-    plain call unless another is clearly faster; measured once per shape, row count and thread count, for weights of
-    `MEASURED_BYTES` or more: the row count matters, MKL's matrix-vector path serving one row of the feed-forward's
-    [512, 2048] about as fast as oneDNN on the AMD EPYC, and two to four rows 1.6-1.9x slower)."""
+    fp32 rows by an [out_features, in_features] weight clearly fastest on this machine (the plain call unless another
+    is clearly faster). Measured once per shape and row count, for weights of `MEASURED_BYTES` or more, on the
+    threads of the decoding step that first asks (1 and 2 threads measured the same choices, up to near ties): 40-75
+    ms each, which a first `generate()` pays. The row count matters: MKL's matrix-vector path serves one row of the
+    feed-forward's [512, 2048] about as fast as oneDNN on the AMD EPYC, and two to four rows 1.6-1.9x slower."""
     if out_features * in_features * torch.float32.itemsize < MEASURED_BYTES:
         return "F.linear"
     ways = {"F.linear": (_as_is, F.linear), "transposed": (_as_is, transposed_linear)}

@@ -109,21 +109,24 @@ def test_a_transposed_view_is_multiplied_by_a_contiguous_copy_made_once(product,
 
 
 def test_few_rows_products_are_measured_once_per_shape(monkeypatch):
-    """One measurement per weight shape, row count and thread count, whose answer is one of the products; weights
-    under MEASURED_BYTES are F.linear's unmeasured."""
+    """One measurement per weight shape and row count, whose answer is one of the products; weights under
+    MEASURED_BYTES are F.linear's unmeasured."""
     fastest = decoding_linear.fastest_few_rows_product
     fastest.cache_clear()
-    threads = torch.get_num_threads()
     measured, cold_seconds = [], decoding_linear._cold_seconds
-    monkeypatch.setattr(decoding_linear, "_cold_seconds",
-                        lambda *args: measured.append(args[1:]) or cold_seconds(*args))  # fmt: skip
+
+    def counted(ways, out_features, in_features, dtype, rows):
+        measured.append((out_features, in_features, rows))
+        return cold_seconds(ways, out_features, in_features, dtype, rows)
+
+    monkeypatch.setattr(decoding_linear, "_cold_seconds", counted)
     side = decoding_linear.MEASURED_BYTES // 4 // 128
-    answers = [fastest(side, 128, rows, threads) for rows in (1, 2, 1)] + [fastest(128, side, 1, threads)]
+    answers = [fastest(side, 128, rows) for rows in (1, 2, 1)] + [fastest(128, side, 1)]
     assert set(answers) <= {"F.linear", "transposed", "oneDNN"}
-    assert [shape[:2] for shape in measured] == [(side, 128), (side, 128), (128, side)]
+    assert measured == [(side, 128, 1), (side, 128, 2), (128, side, 1)]
     info = fastest.cache_info()
     assert (info.misses, info.hits) == (3, 1)
-    assert fastest(side - 1, 128, 1, threads) == "F.linear" and len(measured) == 3
+    assert fastest(side - 1, 128, 1) == "F.linear" and len(measured) == 3
 
 
 @pytest.mark.parametrize("measurement", ["packed_product_pays", "onednn_product_pays"])
