@@ -1,8 +1,9 @@
 """Custom operators (`torch.library`) for the parts torch.compile should see as one operation each: the blocked
 relative attention with its written-out backward pass, the linear cross-entropy, evaluation's adaptive
-log-probabilities, and oneDNN's GEMM (where it beats the BLAS a graph would call). The compiler then calls the same
-eager code a training step runs instead of tracing it (into one unblocked graph, into log-softmax kernels over the
-vocabulary's columns, or into MKL's GEMMs), and knows the outputs' shapes from the fake kernels without running them.
+log-probabilities, and oneDNN's GEMM with its backward products (where it beats the BLAS a graph would call). The
+compiler then calls the same eager code a training step runs instead of tracing it (into one unblocked graph, into
+log-softmax kernels over the vocabulary's columns, or into MKL's GEMMs), and knows the outputs' shapes from the fake
+kernels without running them.
 
 Operators are global to the process, and this code may be loaded twice: as the installed package and as a copy
 in a Hub repository (remote code, another module name), possibly of another version. Each copy registers its

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import transformers_xl.modeling.adaptive_softmax as adaptive_softmax
@@ -78,6 +79,42 @@ def test_onednn_linear_operator_passes_opcheck(bias, transposed_weight):
     for needs_gradients in (True, False):
         inputs = [t if t is None else t.clone().requires_grad_(needs_gradients) for t in arguments]
         torch.library.opcheck(decoding_linear.onednn_linear_op, inputs, test_utils=OPCHECK_TESTS)
+
+
+@pytest.mark.parametrize("needs_x, needs_weight", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("zero", [False, True])
+def test_onednn_linear_gradients_operator(needs_x, needs_weight, zero, monkeypatch):
+    """The backward products' operator passes opcheck and gives F.linear's gradients (an empty tensor for the one not
+    asked for); for an all-zero output gradient (what AOTAutograd hands an output nothing reads) it gives zeros
+    without computing either product."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(2, 7, 16), torch.randn(16, 48).t()  # (XLNet's q, k, v: a transposed view)
+    grad = torch.zeros(2, 7, 48) if zero else torch.randn(2, 7, 48)
+    arguments = (grad, x, weight, needs_x, needs_weight)
+    torch.library.opcheck(decoding_linear.onednn_linear_gradients_op, arguments, test_utils=OPCHECK_TESTS)
+    x_leaf, weight_leaf = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    expected = torch.autograd.grad(F.linear(x_leaf, weight_leaf), (x_leaf, weight_leaf), grad)
+    if zero:
+        monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: pytest.fail("a product was computed"))
+    for got, want, needed in zip(decoding_linear.onednn_linear_gradients_op(*arguments), expected,
+                                 (needs_x, needs_weight)):  # fmt: skip
+        if needed:
+            torch.testing.assert_close(got, want)
+        else:
+            assert got.numel() == 0
+
+
+def test_onednn_linear_operator_has_second_derivatives():
+    """With `create_graph` the backward products stay differentiable (the zero-skipping operator has no gradients):
+    a gradient of a gradient equals F.linear's."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(5, 16, requires_grad=True), torch.randn(48, 16, requires_grad=True)
+    results = []
+    for product in (decoding_linear.onednn_linear_op, F.linear):
+        (grad_x,) = torch.autograd.grad(product(x, weight, None).square().sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(grad_x.square().sum(), (x, weight)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("div_val, cutoffs, d_proj", [(1, [10, 18], 16), (2, [10, 18], 12), (1, [], 16)])
@@ -170,6 +207,8 @@ def test_compiled_training_calls_the_operators(model_type, onednn_pays, monkeypa
     assert not any("softmax" in name and "transformers_xl" not in name for name in names), sorted(names)
     products = [name for name in names if name.startswith(str(decoding_linear.onednn_linear_op))]
     assert bool(products) == onednn_pays, sorted(names)
+    backward_products = [name for name in names if name.startswith(str(decoding_linear.onednn_linear_gradients_op))]
+    assert bool(backward_products) == onednn_pays, sorted(names)  # (the zero-skipping one: see decoding_linear)
 
 
 def test_compiled_evaluation_calls_the_log_prob_operator():
