@@ -156,16 +156,19 @@ def _to(tensor, dtype):
 
 def _tensor_layout(softmaxes):
     """(the distinct tensors that may need gradients, the softmaxes with those tensors replaced by their index):
-    autograd sees each tensor once, so that a weight shared by several softmaxes gets one gradient."""
-    tensors, index = [], {}
+    autograd sees each tensor once, so that a weight shared by several softmaxes gets one gradient. (Found by `is`,
+    not by `id()`: torch.compile guards a frame on the ids it reads, and the hidden states are new tensors at every
+    step, so a frame that starts here, after Transformer-XL's graph break, was compiled again at every step.)"""
+    tensors = []
 
     def slot(tensor):
         if tensor is None:
             return None
-        if id(tensor) not in index:
-            index[id(tensor)] = len(tensors)
-            tensors.append(tensor)
-        return index[id(tensor)]
+        for index, seen in enumerate(tensors):
+            if seen is tensor:
+                return index
+        tensors.append(tensor)
+        return len(tensors) - 1
 
     def slots(softmax):
         parts = tuple(part._replace(weight=slot(part.weight), bias=slot(part.bias)) for part in softmax.parts)

@@ -101,6 +101,22 @@ def test_compiled_training_equals_eager(model_type):
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0, msg=name)
 
 
+def test_compiled_training_with_graph_breaks_does_not_recompile_per_step():
+    """torch.compile's default (graph breaks allowed): Transformer-XL's loss breaks the graph at the tail clusters'
+    row selection, and the frame that resumes there takes new tensors at every step. Its graphs must be reused, not
+    compiled again per step (as they were while the loss told its tensors apart by `id()`, which Dynamo guards)."""
+    model = tiny("transfo-xl").train()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")
+    for i, segment in enumerate(segments(5)):
+        compiled(segment, labels=segment).loss.backward()
+        if i == 1:
+            settled = graphs()
+    assert counters["graph_break"], "expected a graph break at the tail clusters' rows"
+    assert graphs() == settled
+
+
 def test_compiled_xlnet_training_under_bf16_autocast():
     """The reported failure: XLNet's LM head training compiled, batch (8, 16) with labels, here under CPU autocast
     (without dropout, so that eager and compiled draw nothing at random)."""
