@@ -302,6 +302,10 @@ def resident_bytes(field_name):
 
 def worker_main(folder, implementation, threads):
     torch.set_num_threads(threads)
+    # torch.compile compiles afresh: its on-disk caches would serve a graph compiled before a change to one of our
+    # operators' backward (their key does not cover it), and a version's measurement would be another's.
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
     serve(Session(Path(folder), implementation).ask)
 
 
