@@ -87,9 +87,12 @@ def main():
                 torch.testing.assert_close(product(x, prepared[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
                 own = cold_ms(product, prepared, biases, x, args.rounds)
                 cells += f"{own:>9.3f} ({reference / own:4.2f}x)"
-            chosen = fastest_few_rows_product(out_features, in_features, rows) if rows <= MAX_ROWS else "-"
-            if dtype != torch.float32:
-                chosen = "packed" if packed_product_pays(2) and rows <= MAX_ROWS else "F.linear"
+            if rows > MAX_ROWS:
+                chosen = "-"
+            elif dtype == torch.float32:
+                chosen = fastest_few_rows_product(out_features, in_features, rows)
+            else:
+                chosen = "packed" if packed_product_pays(2) else "F.linear"
             print(f"{name:<30} {rows:>5} {reference:>10.3f}{cells}  {chosen}")
 
 if __name__ == "__main__":

@@ -167,14 +167,20 @@ def _setup_onednn_linear(ctx, inputs, output):
     ctx.has_bias = bias is not None
 
 
+def _gradient_products(product, grad, x, weight, needs_x: bool, needs_weight: bool):
+    """(dx = dy W, dW = dy^T x) by `product(x, weight, bias)`, None for one not asked for."""
+    flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+    grad_x = product(grad, weight.t(), None) if needs_x else None
+    grad_weight = product(flat_grad.t(), flat_x.t(), None) if needs_weight else None
+    return grad_x, grad_weight
+
+
 def _onednn_linear_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     needs_x, needs_weight = ctx.needs_input_grad[:2]
     grad_x = grad_weight = grad_bias = None
     if torch.is_grad_enabled():  # (create_graph: a second derivative to come, through products it can differentiate)
-        flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        grad_x = onednn_linear_op(grad, weight.t(), None) if needs_x else None
-        grad_weight = onednn_linear_op(flat_grad.t(), flat_x.t(), None) if needs_weight else None
+        grad_x, grad_weight = _gradient_products(onednn_linear_op, grad, x, weight, needs_x, needs_weight)
     elif needs_x or needs_weight:
         grad_x, grad_weight = onednn_linear_gradients_op(grad, x, weight, needs_x, needs_weight)
         grad_x, grad_weight = grad_x if needs_x else None, grad_weight if needs_weight else None
@@ -191,10 +197,8 @@ def _onednn_linear_gradients(grad: torch.Tensor, x: torch.Tensor, weight: torch.
                              needs_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     if not grad.any():
         return _onednn_linear_gradients_fake(grad, x, weight, needs_x, needs_weight, torch.zeros)
-    flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-    grad_x = onednn_linear(grad, weight.t()) if needs_x else x.new_empty(0)
-    grad_weight = onednn_linear(flat_grad.t(), flat_x.t()) if needs_weight else weight.new_empty(0)
-    return grad_x, grad_weight
+    grad_x, grad_weight = _gradient_products(onednn_linear, grad, x, weight, needs_x, needs_weight)
+    return (x.new_empty(0) if grad_x is None else grad_x), (weight.new_empty(0) if grad_weight is None else grad_weight)
 
 
 def _onednn_linear_gradients_fake(grad, x, weight, needs_x, needs_weight, make=torch.empty):
