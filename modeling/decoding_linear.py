@@ -181,9 +181,11 @@ def _onednn_linear_backward(ctx, grad):
     grad_x = grad_weight = grad_bias = None
     if torch.is_grad_enabled():  # (create_graph: a second derivative to come, through products it can differentiate)
         grad_x, grad_weight = _gradient_products(onednn_linear_op, grad, x, weight, needs_x, needs_weight)
-    elif needs_x or needs_weight:
+    elif torch.compiler.is_compiling():  # (a compiled backward: one operator, which skips a zero gradient's products)
         grad_x, grad_weight = onednn_linear_gradients_op(grad, x, weight, needs_x, needs_weight)
         grad_x, grad_weight = grad_x if needs_x else None, grad_weight if needs_weight else None
+    else:  # (eager autograd gives no unread output a zero gradient: the products without the check's pass over it)
+        grad_x, grad_weight = _gradient_products(onednn_linear, grad, x, weight, needs_x, needs_weight)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
     return grad_x, grad_weight, grad_bias

@@ -74,6 +74,16 @@ def test_equals_the_composition_in_values_and_gradients(monkeypatch, chunk_rows,
         torch.testing.assert_close(got_tensor, want, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_normaliser_of_given_logits_is_logsumexp_chunk_by_chunk(monkeypatch, dtype):
+    monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", 3 * 50)  # (chunks of 3 rows, the last one shorter)
+    logits = (torch.randn(11, 50) * 30).to(dtype)
+    logits[2] = float("-inf")  # (a row that allows nothing: -inf, as torch.logsumexp gives, not NaN)
+    logits[4, 7] = float("inf")
+    got = cross_entropy._logsumexp_rows(logits, torch.float32)
+    torch.testing.assert_close(got, torch.logsumexp(logits.float(), -1))
+
+
 def test_scores_without_gradients_and_ignored_targets_score_zero():
     tensors, head_target, tail_target = problem()
     with torch.no_grad():
