@@ -58,6 +58,11 @@ def seconds_per_token(generate, prompt, new_tokens):
 
 
 def make_generate(model, use_cache, **extra):
+    """`run(prompt, new_tokens, clock)`: greedy generation of exactly `new_tokens` tokens. The count is kept by
+    generating with no end-of-sequence id rather than by `min_new_tokens`, whose logits processor compares the
+    whole vocabulary with the end-of-sequence id at every step (0.8 ms of an XLNet step over 32000 words), which
+    is not decoding."""
+
     def run(prompt, new_tokens, clock=None):
         from transformers import LogitsProcessorList
 
@@ -67,7 +72,7 @@ def make_generate(model, use_cache, **extra):
                 **extra,
                 logits_processor=LogitsProcessorList([clock] if clock else []),
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                eos_token_id=None,
                 do_sample=False,
                 use_cache=use_cache,
                 pad_token_id=0,

@@ -55,18 +55,22 @@ MEASURED_BYTES = 256 * 2**10
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for weight [out, in], through the faster product on CPU."""
+    """`F.linear(x, weight, bias)` for weight [out, in], through the faster product on CPU. (The few rows of a
+    decoding step are told apart first: a step makes dozens of these calls, and its checks cost more than a tiny
+    model's products.)"""
+    if not torch.compiler.is_compiling():  # (a traced graph picks its own kernels and must not branch on `rows`)
+        rows = x.numel() // weight.shape[-1]
+        if 0 < rows <= MAX_ROWS:
+            return _few_rows(x, weight, bias, rows)
     if uses_onednn(x, weight, bias):
         return onednn_linear_op(x, weight, bias) if _traced(x, weight, bias) else onednn_linear(x, weight, bias)
-    out_features, in_features = weight.shape
-    rows = x.numel() // in_features
-    if (
-        torch.compiler.is_compiling()  # a compiled graph picks its own kernels (and `rows` may be data-dependent)
-        or x.device.type != "cpu"
-        or x.dtype != weight.dtype
-        or not is_plain_tensor(weight)  # (a quantized tensor subclass implements F.linear, not mm)
-        or not 0 < rows <= MAX_ROWS
-    ):
+    return F.linear(x, weight, bias)
+
+
+def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """`linear` of at most `MAX_ROWS` rows."""
+    # (a quantized tensor subclass implements F.linear, not the products below)
+    if x.device.type != "cpu" or x.dtype != weight.dtype or not is_plain_tensor(weight):
         return F.linear(x, weight, bias)
     if x.dtype == torch.bfloat16:
         return _few_bf16_rows(x, weight, bias)
@@ -328,8 +332,11 @@ def is_plain_linear(layer: nn.Module) -> bool:
 def linear_layer(layer: nn.Module, x: torch.Tensor, features: slice = slice(None)) -> torch.Tensor:
     """`layer(x)[..., features]`: for a plain `nn.Linear`, `linear` of only those output features' weights; any other
     layer (quantized, or replaced by a tool) is called as it is and its output sliced."""
+    whole = features == slice(None)
     if not is_plain_linear(layer):
         output = layer(x)
-        return output if features == slice(None) else output[..., features]
-    bias = None if layer.bias is None else layer.bias[features]
-    return linear(x, layer.weight[features], bias)
+        return output if whole else output[..., features]
+    weight, bias = layer.weight, layer.bias
+    if not whole:  # (sliced only when asked: a decoding step calls this dozens of times)
+        weight, bias = weight[features], None if bias is None else bias[features]
+    return linear(x, weight, bias)

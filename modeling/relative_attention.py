@@ -117,6 +117,14 @@ def relative_position_scores(
     """
     if position_bias is not None:
         query = query + position_bias[:, None, :].to(query.dtype)
+    # (a traced graph must not branch on the length: torch.compile and torch.export take the general path)
+    one_row = not torch.compiler.is_compiling() and query.shape[2] == 1 and not masked_far
+    if one_row and key_length < position_keys.shape[-2] and 0 <= offset <= 1:
+        # One query per sequence (a decoding step): the shift reads its row from column `offset` on, so only the
+        # distances of its keys are multiplied, and nothing is shifted or masked (it has no future keys). (A fresh
+        # output: a workspace pays for one block of one row less than it costs.)
+        scores = _unshifted_position_scores(query, position_keys[..., offset : offset + key_length, :])
+        return _batch_first(scores, position_keys)
     scores = _unshifted_position_scores(query, position_keys, masked_far, workspace)
     return _batch_first(relative_shift(scores, key_length, offset), position_keys)
 

@@ -74,18 +74,20 @@ def test_blocks_with_gradients_equal_one_explicit_block(blocks_of, grouped, caus
 
 
 @pytest.mark.parametrize("grouped,causal,padding,score_term", CASES)
-def test_blocks_without_gradients_equal_one_explicit_block(blocks_of, grouped, causal, padding, score_term):
+@pytest.mark.parametrize("rows", [1, 3])  # (blocks of one row: a decoding step's position scores)
+def test_blocks_without_gradients_equal_one_explicit_block(blocks_of, grouped, causal, padding, score_term, rows):
     inputs, _ = attention_inputs(grouped, causal, padding, score_term)
     with torch.no_grad():
         expected, _ = attention.relative_attention(**inputs, output_attentions=True)
-        blocks_of(3)
+        blocks_of(rows)
         output, _ = attention.relative_attention(**inputs)
     torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
 
 
 def test_blocks_run_last_rows_first_and_share_one_workspace(blocks_of):
     """The widest block comes first, so the position scores of a call are one allocation that later (narrower)
-    blocks reuse; a dtype change gets a buffer of its own."""
+    blocks reuse; a dtype change gets a buffer of its own. A block of one row (here the last row, first) multiplies
+    into a fresh tensor of its own keys' distances only, as a decoding step does."""
     assert [start for start, *_ in attention._blocks(10, 16, 3, causal=True)] == [9, 6, 3, 0]
     workspace = attention.Workspace()
     first = workspace.take((4, 5), torch.ones(()))
@@ -104,8 +106,8 @@ def test_blocks_run_last_rows_first_and_share_one_workspace(blocks_of):
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         patch.setattr(attention.Workspace, "take", recording_take)
         attention.relative_attention(**inputs)
-    assert len(taken) == 4 and len({owner for owner, _ in taken}) == 1  # 4 blocks, one workspace
-    assert [fresh for _, fresh in taken] == [True, False, False, False]  # allocated by the first block only
+    assert len(taken) == 3 and len({owner for owner, _ in taken}) == 1  # 3 blocks of 3 rows, one workspace
+    assert [fresh for _, fresh in taken] == [True, False, False]  # allocated by the first of them only
 
 
 def test_blocks_with_dropout_have_exact_gradients(blocks_of):
@@ -180,7 +182,7 @@ def test_transfo_xl_in_blocks_equals_one_block(blocks_of, attn_type):
 
 
 @pytest.mark.parametrize("same_length,span", [(False, None), (True, None), (True, 4)])
-@pytest.mark.parametrize("rows", [3, QUERIES])
+@pytest.mark.parametrize("rows", [1, 3, QUERIES])
 def test_transfo_xl_folded_causal_mask_equals_the_boolean_mask(blocks_of, same_length, span, rows):
     """Without padding, attn_type 0 folds the causal (and same_length) mask into its position scores; an all-ones
     attention_mask takes the boolean mask instead: the same log-probabilities, loss and gradients."""
