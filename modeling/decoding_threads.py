@@ -106,15 +106,15 @@ def on_decoding_threads(forward):
     `DECODING_STEP_TOKENS` input ids, on CPU, no gradients) runs on `decoding_threads()` threads when that is fewer
     than torch's setting, and torch's setting is restored afterwards."""
     signature = inspect.signature(forward)
+    read_input_ids, read_cache = (_argument_reader(signature, name) for name in ("input_ids", "cache"))
 
     @functools.wraps(forward)
     def wrapper(*args, **kwargs):
         if DECODING_THREADS is None or torch.compiler.is_compiling() or torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        arguments = signature.bind_partial(*args, **kwargs).arguments
-        input_ids = arguments.get("input_ids")
+        input_ids = read_input_ids(args, kwargs)
         if (
-            arguments.get("cache") is None
+            read_cache(args, kwargs) is None
             or input_ids is None
             or input_ids.numel() > DECODING_STEP_TOKENS
             or input_ids.device.type != "cpu"
@@ -130,4 +130,13 @@ def on_decoding_threads(forward):
         finally:
             torch.set_num_threads(previous)
 
+    # (generate() reads the signature of the forward at every step: given, it is not worked out from `forward` again)
+    wrapper.__signature__ = signature
     return wrapper
+
+
+def _argument_reader(signature: inspect.Signature, name: str):
+    """`read(args, kwargs)`: the value of argument `name` in a call, None if not given. (Binding every call to the
+    signature cost more than a tiny model's decoding step spends in some of its layers.)"""
+    position = list(signature.parameters).index(name)
+    return lambda args, kwargs: args[position] if len(args) > position else kwargs.get(name)

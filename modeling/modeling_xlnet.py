@@ -294,26 +294,37 @@ class XLNetRelativeAttention(nn.Module):
         attentions, content_probs, query_probs = [], None, None
         length = content.shape[1] if update_content else 0
 
-        if update_content:
-            # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens only.
-            attention, content_probs = self._attend(
-                queries[:, :, :length], key, value, position_keys, content_mask, segment_mismatch, output_attentions
-            )
+        if query_after_content and content_mask is None and query_mask is None and segment_mismatch is None:
+            # Next-token prediction with nothing masked: the content rows and the query row after them attend to the
+            # same keys, and the query row sits where one more content row would (shift offset `length` for all), so
+            # one attention call serves both streams.
+            attention, probs = self._attend(queries, key, value, position_keys, None, None, output_attentions,
+                                            offset=length)  # fmt: skip
             attentions.append(attention)
-        if query_stream is not None:
-            # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
-            # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
-            # relative positions are those of the targets), and gathered back.
-            query = queries[:, :, length:]
-            if target_mapping is not None:
-                query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
-            attention, query_probs = self._attend(
-                query, key, value, position_keys, query_mask, segment_mismatch, output_attentions,
-                offset=0 if query_after_content else None,
-            )
-            if target_mapping is not None:
-                attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
-            attentions.append(attention)
+            if output_attentions:
+                content_probs, query_probs = probs[:, :, :length] if update_content else None, probs[:, :, length:]
+        else:
+            if update_content:
+                # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens.
+                attention, content_probs = self._attend(
+                    queries[:, :, :length], key, value, position_keys, content_mask, segment_mismatch,
+                    output_attentions,
+                )
+                attentions.append(attention)
+            if query_stream is not None:
+                # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
+                # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
+                # relative positions are those of the targets), and gathered back.
+                query = queries[:, :, length:]
+                if target_mapping is not None:
+                    query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
+                attention, query_probs = self._attend(
+                    query, key, value, position_keys, query_mask, segment_mismatch, output_attentions,
+                    offset=0 if query_after_content else None,
+                )
+                if target_mapping is not None:
+                    attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
+                attentions.append(attention)
 
         outputs = self._post_attention(rows, torch.cat(attentions, dim=2) if len(attentions) > 1 else attentions[0])
         content_out = outputs[:, :length] if update_content else None

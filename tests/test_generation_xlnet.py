@@ -103,6 +103,29 @@ def test_predict_next_token_equals_transformers_dummy_token_scheme(attn_type, ba
         model(dummy, perm_mask=perm_mask, target_mapping=target_mapping, predict_next_token=True)
 
 
+def test_next_token_streams_attended_together_equal_apart():
+    """Without masks, next-token prediction attends the content rows and the query row in one call (a padding mask,
+    even one that masks nothing, keeps them apart): same logits, memory and per-stream probabilities."""
+    _, model = scrambled_pair(mem_len=16)
+    prompt = ids(2, 3)
+    with torch.no_grad():
+        mems = model(ids(2, 6, seed=2), use_mems=True).mems
+        together, apart = (
+            model(prompt, mems=mems, predict_next_token=True, use_mems=True, output_attentions=True, **mask)
+            for mask in ({}, {"attention_mask": torch.ones(2, 3)})
+        )
+    torch.testing.assert_close(together.logits, apart.logits, atol=1e-5, rtol=0)
+    for new, old in zip(together.mems, apart.mems):
+        torch.testing.assert_close(new, old, atol=1e-5, rtol=0)
+    for layer, (new, old) in enumerate(zip(together.attentions, apart.attentions)):
+        assert len(new) == len(old) == 2
+        for stream in range(2):  # (the content stream of the last layer, which nothing reads, in both or neither)
+            if old[stream] is None:
+                assert new[stream] is None
+            else:
+                torch.testing.assert_close(new[stream], old[stream], atol=1e-6, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Every memory configuration (issue 12): mem_len x reuse_len x use_mems, against transformers on the same weights
 # ---------------------------------------------------------------------------------------------------------------
