@@ -272,3 +272,26 @@ def test_softmax_cross_entropy_keeps_half_precision_logits_intact_and_refuses_a_
         nll.sum().backward()  # the gradient was scaled in place: autograd says so rather than reuse it
     with pytest.raises(ValueError, match=r"expected \[N, C\] and \[N\]"):
         softmax_cross_entropy(logits, torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("batch, offset, biases", [(1, 0, True), (4, 1, True), (4, 0, False)])
+def test_one_query_row_equals_one_explicit_block(monkeypatch, batch, offset, biases):
+    """A decoding step's attention (one query row after or at the last key, nothing masked) takes its own path,
+    with the numbers of one explicit block."""
+    generator = torch.Generator().manual_seed(3)
+    keys = MEMORY + 1
+    query, key, value = (torch.randn(batch, HEADS, rows, DIM, dtype=torch.float64, generator=generator)
+                         for rows in (1, keys, keys))  # fmt: skip
+    content_bias, position_bias = (torch.randn(HEADS, DIM, dtype=torch.float64, generator=generator) if biases
+                                   else None for _ in range(2))  # fmt: skip
+    position_keys = torch.randn(HEADS, keys + 2, DIM, dtype=torch.float64, generator=generator)
+    positions = attention.RelativePositions(position_keys, position_bias, offset, masked_far=0)
+    calls = []
+    one_query = attention._one_query_attention
+    monkeypatch.setattr(attention, "_one_query_attention", lambda *args: calls.append(1) or one_query(*args))
+    with torch.no_grad():
+        output, _ = attention.relative_attention(query, key, value, content_bias, positions, causal=True)
+        expected, _ = attention._attention_in_blocks(query, key, value, content_bias, positions, None, None, True,
+                                                     0.0, True)  # fmt: skip
+    assert calls == [1]
+    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
