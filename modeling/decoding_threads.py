@@ -9,8 +9,9 @@ quiet machine's second core unused.
 
 `IdleCores` reads how much CPU time the other processes took in the last quarter second (Linux's `/proc/stat`, all
 cores' busy time less this process's own) and `on_decoding_threads` runs each decoding step on as many threads as
-there are cores they left idle, at most torch's setting and at least one. Where `/proc/stat` cannot be read a step
-runs on one thread.
+there are cores they left idle, at most torch's setting and at least one. Where there is no recent quarter second to
+read (the first step, or the first after a pause), the threads other processes have runnable at that instant decide
+until one has passed. Where `/proc/stat` cannot be read a step runs on one thread.
 """
 
 import functools
@@ -31,25 +32,48 @@ DECODING_STEP_TOKENS = 16
 
 
 class CpuTimes(NamedTuple):
-    """One reading: when (s), the busy seconds of all cores together, this process's CPU seconds, the core count."""
+    """One reading: when (s), the busy seconds of all cores together, this process's CPU seconds, the core count, and
+    the threads of other processes that are runnable at that instant."""
 
     when: float
     busy: float
     own: float
     cores: int
+    others_running: int
 
 
 def read_cpu_times() -> CpuTimes | None:
     """The machine's busy core-seconds from `/proc/stat`'s first line (everything but idle and iowait, guests being
-    counted in user time already), and this process's CPU time; None where there is no `/proc/stat`."""
+    counted in user time already), this process's CPU time, and its `procs_running` (the runnable threads of the
+    whole machine) less this process's own; None where there is no `/proc/stat`."""
     try:
         with open("/proc/stat") as stat:
-            ticks = [int(field) for field in stat.readline().split()[1:9]]
-    except (OSError, ValueError):
+            lines = stat.read().splitlines()
+        ticks = [int(field) for field in lines[0].split()[1:9]]
+        running = next(int(line.split()[1]) for line in lines if line.startswith("procs_running "))
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
     idle = ticks[3] + ticks[4]
     busy = (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
-    return CpuTimes(time.monotonic(), busy, time.process_time(), os.cpu_count() or 1)
+    others_running = max(0, running - own_running_threads())
+    return CpuTimes(time.monotonic(), busy, time.process_time(), os.cpu_count() or 1, others_running)
+
+
+def own_running_threads() -> int:
+    """This process's runnable threads (state R in `/proc/self/task/*/stat`: the reading one, and OpenMP threads still
+    spinning after the last operation), at least 1."""
+    running = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as stat:
+                running += stat.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            continue  # (a thread that ended meanwhile)
+    return max(1, running)
 
 
 def others_busy(first: CpuTimes, second: CpuTimes) -> float:
@@ -61,28 +85,32 @@ class IdleCores:
     """Cores that other processes left idle over the last `WINDOW` seconds, re-read at most once a window.
 
     A core counts as taken when the others used more than `TAKEN` of it: a busy loop beside a step on two threads
-    gets about 2/3 of a core (three runnable threads on two cores), a quiet machine's daemons a few percent."""
+    gets about 2/3 of a core (three runnable threads on two cores), a quiet machine's daemons a few percent. A reading
+    longer ago than `STALE` says little about now (a process that ran during the pause and has finished would count
+    as taking a core for the next window, a whole short `generate()` on this machine's alternating benchmarks): then
+    the other processes' threads runnable at this instant count instead, until a window has passed."""
 
     WINDOW = 0.25
+    STALE = 2 * WINDOW
     TAKEN = 1 / 3
 
     def __init__(self, read=read_cpu_times, clock=time.monotonic):
         self.read, self.clock = read, clock
         self.last = None
-        self.idle = 1  # (until the first window has passed)
+        self.idle = 1
 
     def __call__(self) -> int:
         if self.last is not None and self.clock() - self.last.when < self.WINDOW:
-            return self.idle  # (without reading /proc/stat: 30 us, at every decoding step)
+            return self.idle  # (without reading /proc/stat: 0.1 ms, at every decoding step)
         now = self.read()
         if now is None:
             return 1
-        if self.last is None:
-            self.last = now
-        elif now.when - self.last.when >= self.WINDOW:
+        age = None if self.last is None else now.when - self.last.when
+        if age is None or age > self.STALE:
+            self.idle, self.last = max(1, now.cores - now.others_running), now
+        elif age >= self.WINDOW:
             others = others_busy(self.last, now)
-            self.idle = max(1, now.cores - max(0, math.ceil(others - self.TAKEN)))
-            self.last = now
+            self.idle, self.last = max(1, now.cores - max(0, math.ceil(others - self.TAKEN))), now
         return self.idle
 
 

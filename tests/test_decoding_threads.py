@@ -12,14 +12,14 @@ from transformers_xl.modeling import decoding_threads
 from transformers_xl.modeling.decoding_threads import CpuTimes, IdleCores, others_busy, read_cpu_times
 
 
-def readings(*others_per_window, cores=2, window=IdleCores.WINDOW):
+def readings(*others_per_window, cores=2, window=IdleCores.WINDOW, running=0):
     """A fake `read`: consecutive readings one window apart in which other processes used the given cores on average
-    and this process one core."""
+    and this process one core; `running` threads of others runnable at each reading."""
     when, busy, own = 0.0, 0.0, 0.0
-    yield CpuTimes(when, busy, own, cores)
+    yield CpuTimes(when, busy, own, cores, running)
     for others in others_per_window:
         when, busy, own = when + window, busy + (others + 1) * window, own + window
-        yield CpuTimes(when, busy, own, cores)
+        yield CpuTimes(when, busy, own, cores, running)
 
 
 @pytest.mark.parametrize(
@@ -36,18 +36,28 @@ def readings(*others_per_window, cores=2, window=IdleCores.WINDOW):
     ],
 )
 def test_idle_cores_from_the_others_cpu_time(others, cores, idle):
-    watch = IdleCores(readings(others, cores=cores).__next__, clock=lambda: float("inf"))
-    assert watch() == 1  # (no window yet: one thread)
+    watch = IdleCores(readings(others, cores=cores, running=1).__next__, clock=lambda: float("inf"))
+    assert watch() == cores - 1  # (no window yet: the threads others have runnable at the first step decide)
     assert watch() == idle
 
 
 def test_idle_cores_keep_their_count_within_a_window_and_follow_the_next():
     """Steps at 0, 0.1, 0.3, 0.4 and 0.6 s: /proc/stat is read once a window has passed (at 0, 0.3 and 0.6 s)."""
-    fake = iter([CpuTimes(0.0, 0.0, 0.0, 2), CpuTimes(0.3, 0.3, 0.3, 2), CpuTimes(0.6, 0.9, 0.5, 2)])
+    fake = iter([CpuTimes(0.0, 0.0, 0.0, 2, 1), CpuTimes(0.3, 0.3, 0.3, 2, 1), CpuTimes(0.6, 0.9, 0.5, 2, 0)])
     steps = iter([0.1, 0.3, 0.4, 0.6])
     watch = IdleCores(fake.__next__, clock=steps.__next__)
-    assert [watch() for _ in range(5)] == [1, 1, 2, 2, 1]  # (quiet over 0-0.3 s; others took a core over 0.3-0.6 s)
+    # (one thread of others runnable at the first step; quiet over 0-0.3 s; others took a core over 0.3-0.6 s)
+    assert [watch() for _ in range(5)] == [1, 1, 2, 2, 1]
     assert next(fake, None) is None and next(steps, None) is None
+
+
+@pytest.mark.parametrize("running, idle", [(0, 2), (1, 1)])
+def test_after_a_pause_what_runs_now_decides_not_the_pause(running, idle):
+    """A reading 2 s after the last one, over which others kept a core busy (a process that has finished, such as the
+    other side of an alternating benchmark), is no window: the threads of others runnable now decide."""
+    fake = iter([CpuTimes(0.0, 0.0, 0.0, 2, 0), CpuTimes(2.0, 2.0, 0.0, 2, running)])
+    watch = IdleCores(fake.__next__, clock=iter([2.0]).__next__)
+    assert [watch(), watch()] == [2, idle]
 
 
 def test_without_proc_stat_a_step_runs_on_one_thread():
@@ -67,6 +77,7 @@ def test_a_busy_process_is_seen_taking_a_core():
         busy.kill()
         busy.wait()
     assert others_busy(first, second) > 0.5
+    assert second.others_running >= 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
