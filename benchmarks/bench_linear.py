@@ -10,9 +10,10 @@ measurement config (d_model 512, d_inner 2048, vocabulary 32000), 2 threads. In 
 same product asked of BLAS as `(W x^T)^T` (`transposed_linear`) and oneDNN's GEMM on the plain weight
 (`onednn_linear`); the table gives ms per call (median of rounds), each one's speed-up over F.linear (> 1: faster),
 and which one `fastest_few_rows_product` (its own, shorter measurement) chose on this machine for that shape and
-row count (up to 4 rows). With `--dtype bfloat16` the other side is the product bf16 decoding steps take instead,
-oneDNN's from a packed copy of the weight, and what `packed_product_pays` decided (a bf16 step should take half an
-fp32 step's time, its weights being half the bytes: compare with the fp32 table).
+row count (up to 4 rows). With `--dtype bfloat16` the other sides are the products bf16 decoding steps may take
+instead, oneDNN's from a packed copy of the weight and FBGEMM's from an fp16 copy (`fp16_weight_linear`), and the
+choice is made among those (a bf16 step should take half an fp32 step's time, its weights being half the bytes:
+compare with the fp32 table).
 """
 
 import argparse
@@ -25,9 +26,10 @@ import torch.nn.functional as F
 from transformers_xl.modeling.decoding_linear import (
     MAX_ROWS,
     fastest_few_rows_product,
+    fp16_weight_linear,
     onednn_linear,
     pack,
-    packed_product_pays,
+    pack_fp16,
     transposed_linear,
 )
 
@@ -64,12 +66,10 @@ def main():
     if dtype == torch.float32:
         products = {"transposed": (transposed_linear, lambda weight: weight),
                     "oneDNN": (onednn_linear, lambda weight: weight)}  # fmt: skip
-        print("float32, ms per call with cold weights, speed-up over F.linear; the product decoding_linear.linear "
-              "takes for up to 4 rows on this machine")
     else:
-        products = {"packed": (onednn_linear, pack)}
-        print(f"bfloat16, ms per call with cold weights, speed-up over F.linear; decoding_linear.linear takes the "
-              f"packed product on this machine: {packed_product_pays(2)}")
+        products = {"packed": (onednn_linear, pack), "fp16 weights": (fp16_weight_linear, pack_fp16)}
+    print(f"{args.dtype}, ms per call with cold weights, speed-up over F.linear; the product decoding_linear.linear "
+          "takes for up to 4 rows on this machine")
     sides = "".join(f"{name:>18}" for name in products)
     print(f"{'shape':<30} {'rows':>5} {'F.linear':>10}{sides}  chosen")
     for name, (out_features, in_features) in SHAPES.items():
@@ -87,12 +87,7 @@ def main():
                 torch.testing.assert_close(product(x, prepared[0], biases[0]), expected, rtol=tolerance, atol=tolerance)
                 own = cold_ms(product, prepared, biases, x, args.rounds)
                 cells += f"{own:>9.3f} ({reference / own:4.2f}x)"
-            if rows > MAX_ROWS:
-                chosen = "-"
-            elif dtype == torch.float32:
-                chosen = fastest_few_rows_product(out_features, in_features, rows)
-            else:
-                chosen = "packed" if packed_product_pays(2) else "F.linear"
+            chosen = fastest_few_rows_product(out_features, in_features, rows, dtype) if rows <= MAX_ROWS else "-"
             print(f"{name:<30} {rows:>5} {reference:>10.3f}{cells}  {chosen}")
 
 if __name__ == "__main__":

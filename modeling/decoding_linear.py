@@ -15,10 +15,15 @@ those products multiply by a contiguous copy, made on a weight's first decoding 
 is (below), which cost an fp32 XLNet 3 d_model^2 floats more per layer while it decodes.
 
 In bf16 the same few-row products are slow in torch's own kernels (about 11 GB/s of weights on the AMD EPYC, less
-than fp32's transposed product reads twice the bytes at), while oneDNN, given the weight once in its own blocked
-layout, streams it at about 27 GB/s: where `packed_product_pays` measures that, bf16 decoding steps multiply by a
-packed copy of each weight, made on first use and kept as long as the weight lives and is not modified (see
-`prepared_weight`). The copy is what a bf16 model pays for it: its weights' memory twice, an fp32 model's.
+than fp32's transposed product reads twice the bytes at), and faster two ways, each from a copy of the weight made
+on first use and kept as long as the weight lives and is not modified (see `prepared_weight`): oneDNN given the
+weight once in its own blocked layout (`pack`, about 20 GB/s), and FBGEMM's fp16-weight products (`pack_fp16`:
+the weight as fp16, multiplied by fp32 rows and summed in fp32; 1.3-2.9x faster than the packed product for the
+models' shapes there). bf16 weights are fp16 numbers when they lie between 2^-17 and 65504 in magnitude (fp16 has
+more mantissa bits and fewer exponent bits), so that product is the bf16 one up to the order of the sums, and up to
+at most 2^-25 per weight below 2^-17 (fp16's subnormals), far under the bf16 output's rounding; a weight beyond
+fp16's range keeps the packed product. `fastest_few_rows_product` measures the three per weight shape and row count
+as it does fp32's. The copy is what a bf16 model pays for it: its weights' memory twice.
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
@@ -73,16 +78,21 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     if x.device.type != "cpu" or x.dtype != weight.dtype or not is_plain_tensor(weight):
         return F.linear(x, weight, bias)
     if x.dtype == torch.bfloat16:
-        return _few_bf16_rows(x, weight, bias)
+        return _few_bf16_rows(x, weight, bias, rows)
     if x.dtype == torch.float32:
         return _few_fp32_rows(x, weight, bias, rows)
     return F.linear(x, weight, bias)
 
 
-def _few_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`linear` of a few bf16 rows: by oneDNN from a packed copy of the weight, where that pays."""
-    if not _copyable(x, weight, bias) or not packed_product_pays(torch.get_num_threads()):
+def _few_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """`linear` of a few bf16 rows: the product measured fastest for this shape, from a kept copy of the weight."""
+    product = fastest_few_rows_product(*weight.shape, rows, torch.bfloat16)
+    if product == "F.linear" or not _copyable(x, weight, bias):
         return F.linear(x, weight, bias)
+    if product == "fp16 weights":
+        packed = prepared_weight(weight, pack_fp16)
+        if packed is not None:
+            return fp16_weight_linear(x, packed, bias)
     return onednn_linear(x, prepared_weight(weight, pack), bias)
 
 
@@ -223,6 +233,27 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
 
 
+FP16_MAX = torch.finfo(torch.float16).max
+
+
+def pack_fp16(weight: torch.Tensor):
+    """`weight` [out, in] as FBGEMM's packed fp16 weights for `fp16_weight_linear`, or None where a weight lies beyond
+    fp16's range."""
+    weight = weight.float().contiguous()
+    if weight.abs().max() > FP16_MAX:
+        return None
+    return torch.ops.quantized.linear_prepack_fp16(weight, None)
+
+
+def fp16_weight_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` in x's dtype, from `pack_fp16(weight)`: fp32 rows times the fp16 weights, summed and
+    biased in fp32, rounded once."""
+    product = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, x.shape[-1]).float(), packed)
+    if bias is not None:
+        product += bias
+    return product.to(x.dtype).view(*x.shape[:-1], -1)
+
+
 # weight's base tensor (the parameter a slice or reshape of it views) -> {(prepare, the view's layout): (version, copy)}
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
@@ -279,29 +310,36 @@ def _onednn_available(dtype: torch.dtype) -> bool:
 
 
 @functools.cache
-def fastest_few_rows_product(out_features: int, in_features: int, rows: int) -> str:
-    """Which call, "F.linear", "transposed" (`transposed_linear`) or "oneDNN" (`onednn_linear`), multiplies `rows`
-    fp32 rows by an [out_features, in_features] weight clearly fastest on this machine (the plain call unless another
-    is clearly faster). Measured once per shape and row count, for weights of `MEASURED_BYTES` or more, on the
-    threads of the decoding step that first asks (1 and 2 threads measured the same choices, up to near ties): 40-75
-    ms each, which a first `generate()` pays. The row count matters: MKL's matrix-vector path serves one row of the
-    feed-forward's [512, 2048] about as fast as oneDNN on the AMD EPYC, and two to four rows 1.6-1.9x slower."""
+def fastest_few_rows_product(out_features: int, in_features: int, rows: int, dtype=torch.float32) -> str:
+    """Which call multiplies `rows` rows by an [out_features, in_features] weight clearly fastest on this machine (the
+    plain call unless another is clearly faster): in fp32 "F.linear", "transposed" (`transposed_linear`) or "oneDNN"
+    (`onednn_linear`); in bf16 "F.linear", "packed" (`onednn_linear` from `pack`) or "fp16 weights"
+    (`fp16_weight_linear`). Measured once per shape, row count and dtype, for weights of `MEASURED_BYTES` or more (in
+    fp32), on the threads of the decoding step that first asks (1 and 2 threads measured the same choices, up to near
+    ties): 40-75 ms each, which a first `generate()` pays. The row count matters: MKL's matrix-vector path serves one
+    row of the feed-forward's [512, 2048] about as fast as oneDNN on the AMD EPYC, and two to four rows 1.6-1.9x
+    slower."""
     if out_features * in_features * torch.float32.itemsize < MEASURED_BYTES:
         return "F.linear"
-    ways = {"F.linear": (_as_is, F.linear), "transposed": (_as_is, transposed_linear)}
-    if _onednn_available(torch.float32):
-        ways["oneDNN"] = (_as_is, onednn_linear)
-    return _fastest(_cold_seconds(ways, out_features, in_features, torch.float32, rows))
+    ways = {"F.linear": (_as_is, F.linear)}
+    if dtype == torch.float32:
+        ways["transposed"] = (_as_is, transposed_linear)
+    if _onednn_available(dtype):
+        ways["oneDNN" if dtype == torch.float32 else "packed"] = (_as_is if dtype == torch.float32 else pack,
+                                                                  onednn_linear)  # fmt: skip
+    if dtype == torch.bfloat16 and _fp16_weights_available():
+        ways["fp16 weights"] = (pack_fp16, fp16_weight_linear)
+    return _fastest(_cold_seconds(ways, out_features, in_features, dtype, rows))
 
 
 @functools.cache
-def packed_product_pays(threads: int) -> bool:
-    """Whether oneDNN, on `threads` threads, computes a one-row bf16 product clearly faster from a packed weight than
-    `F.linear` does (measured once per thread count; False where this CPU or build has no bf16 oneDNN kernels)."""
-    if not _onednn_available(torch.bfloat16):
+def _fp16_weights_available() -> bool:
+    """Whether this torch build runs FBGEMM's fp16-weight products (x86 CPUs with AVX2)."""
+    try:
+        fp16_weight_linear(torch.ones(1, 8), pack_fp16(torch.ones(8, 8)))
+    except (RuntimeError, NotImplementedError):
         return False
-    ways = {"F.linear": (_as_is, F.linear), "packed": (pack, onednn_linear)}
-    return _fastest(_cold_seconds(ways, 4096, 512, torch.bfloat16, rows=1)) == "packed"
+    return True
 
 
 @torch.compiler.assume_constant_result  # (a traced graph takes the answer as a constant, instead of timing inside)

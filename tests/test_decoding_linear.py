@@ -16,8 +16,8 @@ from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_la
 
 def refuse_f_linear(monkeypatch, measurement="fastest_few_rows_product", answer="transposed"):
     """As on a machine where `measurement` finds another product than F.linear's the faster one (transposed or
-    oneDNN's for few fp32 rows, packed for bf16, oneDNN's GEMM for many rows), make the F.linear fallback fail, to
-    prove that a call took that product."""
+    oneDNN's for few fp32 rows, packed or fp16 weights for bf16, oneDNN's GEMM for many rows), make the F.linear
+    fallback fail, to prove that a call took that product."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("F.linear called")
@@ -123,15 +123,15 @@ def test_few_rows_products_are_measured_once_per_shape(monkeypatch):
     side = decoding_linear.MEASURED_BYTES // 4 // 128
     answers = [fastest(side, 128, rows) for rows in (1, 2, 1)] + [fastest(128, side, 1)]
     assert set(answers) <= {"F.linear", "transposed", "oneDNN"}
-    assert measured == [(side, 128, 1), (side, 128, 2), (128, side, 1)]
+    assert fastest(side, 128, 1, torch.bfloat16) in {"F.linear", "packed", "fp16 weights"}  # (a dtype of its own)
+    assert measured == [(side, 128, 1), (side, 128, 2), (128, side, 1), (side, 128, 1)]
     info = fastest.cache_info()
-    assert (info.misses, info.hits) == (3, 1)
-    assert fastest(side - 1, 128, 1) == "F.linear" and len(measured) == 3
+    assert (info.misses, info.hits) == (4, 1)
+    assert fastest(side - 1, 128, 1) == "F.linear" and len(measured) == 4
 
 
-@pytest.mark.parametrize("measurement", ["packed_product_pays", "onednn_product_pays"])
-def test_each_product_choice_is_measured_once_per_thread_count(measurement):
-    pays = getattr(decoding_linear, measurement)
+def test_the_many_rows_choice_is_measured_once_per_thread_count():
+    pays = decoding_linear.onednn_product_pays
     pays.cache_clear()
     threads = torch.get_num_threads()
     assert isinstance(pays(threads), bool)
@@ -186,46 +186,76 @@ def test_a_tensor_subclass_weight_is_not_read_by_mm():
     torch.testing.assert_close(linear(x, weight).as_subclass(torch.Tensor), x @ weight.as_subclass(torch.Tensor).t())
 
 
-# ---- bf16: products by oneDNN from a packed copy of the weight
+# ---- bf16: products by oneDNN from a packed copy of the weight, or by FBGEMM from an fp16 copy
 
 needs_bf16_kernels = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
     reason="this CPU or torch build has no oneDNN bf16 kernels (there linear keeps F.linear for bf16)",
 )
+needs_fp16_weights = pytest.mark.skipif(
+    not decoding_linear._fp16_weights_available(), reason="this CPU or torch build has no FBGEMM fp16-weight products"
+)
+BF16_PRODUCTS = [pytest.param("packed", marks=needs_bf16_kernels), pytest.param("fp16 weights", marks=needs_fp16_weights)]
 
 
-@needs_bf16_kernels
+@pytest.mark.parametrize("product", BF16_PRODUCTS)
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3,), (2, MAX_ROWS // 2), (MAX_ROWS,)])
 @pytest.mark.parametrize("out_features, in_features", [(48, 16), (16, 48)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_bf16_packed_product_equals_f_linear(shape, out_features, in_features, bias, monkeypatch):
+def test_bf16_few_rows_products_equal_f_linear(product, shape, out_features, in_features, bias, monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
     x = torch.randn(*shape, in_features, dtype=torch.bfloat16)
     expected = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
-    refuse_f_linear(monkeypatch, "packed_product_pays", True)
+    refuse_f_linear(monkeypatch, answer=product)
     with torch.inference_mode():
         output = linear_layer(layer, x)
     assert output.dtype == torch.bfloat16 and output.shape == expected.shape and output.is_contiguous()
     torch.testing.assert_close(output.float(), expected, rtol=2e-2, atol=2e-2)  # (bf16 outputs: 8 bits of mantissa)
 
 
-@needs_bf16_kernels
-def test_a_weight_is_packed_once_and_again_after_it_changes(monkeypatch):
+@needs_fp16_weights
+def test_fp16_weights_are_the_bf16_weights_where_fp16_holds_them(monkeypatch):
+    """bf16 weights from 2^-17 to 65504 are fp16 numbers: the product is the fp32 one of the same numbers, rounded
+    once; a weight beyond fp16's range keeps the packed product."""
+    torch.manual_seed(0)
+    magnitudes = (1 + torch.rand(48, 16)) * torch.logspace(-5, 4, 16)  # (columns from 1e-5 to 2e4)
+    weight = (magnitudes * torch.randn(48, 16).sign()).to(torch.bfloat16)
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    exact = F.linear(x.double(), weight.double()).to(torch.bfloat16)
+    assert torch.equal(weight.half().to(torch.bfloat16), weight)
+    beyond = weight.clone()
+    beyond[0, 0] = 1e5
+    with torch.no_grad():  # (not inference mode: a weight made there has no version counter, so it is not copied)
+        output = decoding_linear.fp16_weight_linear(x, decoding_linear.pack_fp16(weight))
+        torch.testing.assert_close(output.float(), exact.float(), rtol=1e-2, atol=0)  # (one bf16 rounding apart)
+        assert decoding_linear.pack_fp16(beyond) is None
+        expected = F.linear(x.float(), beyond.float())
+        refuse_f_linear(monkeypatch, answer="fp16 weights")
+        calls, onednn_linear = [], decoding_linear.onednn_linear
+        monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: calls.append(1) or onednn_linear(*args))
+        if decoding_linear._onednn_available(torch.bfloat16):
+            torch.testing.assert_close(linear(x, beyond).float(), expected, rtol=2e-2, atol=1e3 * 2e-2)
+            assert calls == [1]
+
+
+@pytest.mark.parametrize("product", BF16_PRODUCTS)
+def test_a_weight_is_copied_once_and_again_after_it_changes(product, monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(16, 48, bias=False).to(torch.bfloat16)
     x = torch.randn(2, 16, dtype=torch.bfloat16)
-    packs, pack = [], decoding_linear.pack
-    monkeypatch.setattr(decoding_linear, "pack", lambda weight: packs.append(tuple(weight.shape)) or pack(weight))
-    refuse_f_linear(monkeypatch, "packed_product_pays", True)
+    name = {"packed": "pack", "fp16 weights": "pack_fp16"}[product]
+    copies, prepare = [], getattr(decoding_linear, name)
+    monkeypatch.setattr(decoding_linear, name, lambda weight: copies.append(tuple(weight.shape)) or prepare(weight))
+    refuse_f_linear(monkeypatch, answer=product)
     with torch.no_grad():
         first = linear_layer(layer, x)
         assert torch.equal(linear_layer(layer, x), first)
         linear_layer(layer, x, slice(8, None))  # a slice of the same parameter: a copy of its own
-        assert packs == [(48, 16), (40, 16)]
-        layer.weight.mul_(2)  # an in-place change (an optimizer step, load_state_dict): packed anew
+        assert copies == [(48, 16), (40, 16)]
+        layer.weight.mul_(2)  # an in-place change (an optimizer step, load_state_dict): copied anew
         torch.testing.assert_close(linear_layer(layer, x).float(), 2 * first.float(), rtol=2e-2, atol=2e-2)
-    assert packs == [(48, 16), (40, 16), (48, 16)]
+    assert copies == [(48, 16), (40, 16), (48, 16)]
     assert layer.weight in decoding_linear._PREPARED
     gc.collect()
     entries = len(decoding_linear._PREPARED)
@@ -234,14 +264,15 @@ def test_a_weight_is_packed_once_and_again_after_it_changes(monkeypatch):
     assert len(decoding_linear._PREPARED) == entries - 1
 
 
-def test_bf16_with_gradients_or_where_packing_does_not_pay_is_f_linear_exactly(monkeypatch):
+def test_bf16_with_gradients_or_where_f_linear_is_fastest_is_f_linear_exactly(monkeypatch):
     x, weight = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(48, 16, dtype=torch.bfloat16)
-    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: False)
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "F.linear")
     assert torch.equal(linear(x, weight), F.linear(x, weight))
-    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
-    weight.requires_grad_()
-    output = linear(x, weight)
-    assert torch.equal(output, F.linear(x, weight)) and output.requires_grad
+    for product in ("packed", "fp16 weights"):
+        monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: product)
+        weight.requires_grad_()
+        output = linear(x, weight)
+        assert torch.equal(output, F.linear(x, weight)) and output.requires_grad
 
 
 def tiny_lm(model_type):
@@ -256,11 +287,11 @@ def tiny_lm(model_type):
     return XLNetLMHeadModel(XLNetConfig(vocab_size=90, d_model=32, n_layer=2, n_head=4, d_inner=48, dropout=0.0))
 
 
-@needs_bf16_kernels
+@pytest.mark.parametrize("product", BF16_PRODUCTS)
 @pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
-def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
-    """Greedy decoding of a bf16 model with every few-row product from packed weights (XLNet's q, k and v included)
-    against the same model through F.linear: the same tokens, up to near ties, and close logits."""
+def test_bf16_models_decode_alike_with_each_few_rows_product(model_type, product, monkeypatch):
+    """Greedy decoding of a bf16 model with every few-row product from packed or fp16 weights (XLNet's q, k and v
+    included) against the same model through F.linear: the same tokens, up to near ties, and close logits."""
     model = tiny_lm(model_type).eval().to(torch.bfloat16)
     prompt = torch.randint(1, 90, (1, 8), generator=torch.Generator().manual_seed(0))
 
@@ -270,16 +301,17 @@ def test_bf16_models_decode_alike_with_packed_products(model_type, monkeypatch):
                                  return_dict_in_generate=True)  # fmt: skip
         return out.sequences, [step.float() for step in out.logits]
 
-    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: False)
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "F.linear")
     expected = decode()
-    packed, onednn_linear = [], decoding_linear.onednn_linear
-    monkeypatch.setattr(decoding_linear, "packed_product_pays", lambda threads: True)
-    monkeypatch.setattr(decoding_linear, "onednn_linear", lambda *args: packed.append(1) or onednn_linear(*args))
+    name = {"packed": "onednn_linear", "fp16 weights": "fp16_weight_linear"}[product]
+    calls, multiply = [], getattr(decoding_linear, name)
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: product)
+    monkeypatch.setattr(decoding_linear, name, lambda *args: calls.append(1) or multiply(*args))
     assert_greedy_decodings_agree(*decode(), *expected, atol=0.1, rtol=0.05)
     # Each decoding step after the prompt's (5 of them), in each of the 2 layers: Transformer-XL's qkv, o and the
     # feed-forward's 2; XLNet's q, k, v, o and 2.
     per_layer = {"transfo-xl": 4, "xlnet": 6}[model_type]
-    assert len(packed) >= 5 * 2 * per_layer
+    assert len(calls) >= 5 * 2 * per_layer
 
 
 @pytest.mark.parametrize("product", ["transposed", pytest.param("oneDNN", marks=needs_onednn)])
