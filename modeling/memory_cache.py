@@ -332,8 +332,10 @@ class MemoryCache(Cache):
                 layer.keep_last(self.mem_len)
         self.seen_tokens = max(self.seen_tokens + tokens_to_remove, 0)  # a given memory may predate the inputs
 
-    def activate_past_recording(self):
-        """Keep the positions `mem_len` would evict until the next `crop` (see the class docstring)."""
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None):
+        """Keep the positions `mem_len` would evict until the next `crop` (see the class docstring). Every position is
+        kept, whatever `recurrent_states_to_keep` says: transformers (5.25 on) passes the number of steps a recurrent
+        layer must be able to roll back, and a memory of positions can roll back any number."""
         self.record_past = True
 
     def reset(self):
