@@ -274,24 +274,30 @@ def test_softmax_cross_entropy_keeps_half_precision_logits_intact_and_refuses_a_
         softmax_cross_entropy(logits, torch.tensor([0, 1]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("batch, offset, biases", [(1, 0, True), (4, 1, True), (4, 0, False)])
-def test_one_query_row_equals_one_explicit_block(monkeypatch, batch, offset, biases):
+def test_one_query_row_equals_one_explicit_block(monkeypatch, batch, offset, biases, dtype):
     """A decoding step's attention (one query row after or at the last key, nothing masked) takes its own path,
-    with the numbers of one explicit block."""
+    with the numbers of one explicit block (bf16 inputs: those of the block in fp64 on the same numbers, rounded)."""
     generator = torch.Generator().manual_seed(3)
+
+    def tensor(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=generator).to(dtype).double()
+
     keys = MEMORY + 1
-    query, key, value = (torch.randn(batch, HEADS, rows, DIM, dtype=torch.float64, generator=generator)
-                         for rows in (1, keys, keys))  # fmt: skip
-    content_bias, position_bias = (torch.randn(HEADS, DIM, dtype=torch.float64, generator=generator) if biases
-                                   else None for _ in range(2))  # fmt: skip
-    position_keys = torch.randn(HEADS, keys + 2, DIM, dtype=torch.float64, generator=generator)
+    query, key, value = (tensor(batch, HEADS, rows, DIM) for rows in (1, keys, keys))
+    content_bias, position_bias = (tensor(HEADS, DIM) if biases else None for _ in range(2))
+    position_keys = tensor(HEADS, keys + 2, DIM)
     positions = attention.RelativePositions(position_keys, position_bias, offset, masked_far=0)
     calls = []
     one_query = attention._one_query_attention
     monkeypatch.setattr(attention, "_one_query_attention", lambda *args: calls.append(1) or one_query(*args))
+    inputs = [query, key, value, content_bias, positions]
+    lowered = [t if t is None else t.to(dtype) for t in inputs[:4]] + [positions._replace(
+        keys=position_keys.to(dtype), bias=None if position_bias is None else position_bias.to(dtype))]  # fmt: skip
     with torch.no_grad():
-        output, _ = attention.relative_attention(query, key, value, content_bias, positions, causal=True)
-        expected, _ = attention._attention_in_blocks(query, key, value, content_bias, positions, None, None, True,
-                                                     0.0, True)  # fmt: skip
-    assert calls == [1]
-    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
+        output, _ = attention.relative_attention(*lowered, causal=True)
+        expected, _ = attention._attention_in_blocks(*inputs, None, None, True, 0.0, True)
+    assert calls == [1] and output.dtype == dtype
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-2  # (bf16: the output rounded once)
+    torch.testing.assert_close(output.double(), expected, atol=tolerance, rtol=tolerance)
