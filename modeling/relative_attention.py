@@ -119,14 +119,20 @@ def relative_position_scores(
         query = query + position_bias[:, None, :].to(query.dtype)
     # (a traced graph must not branch on the length: torch.compile and torch.export take the general path)
     one_row = not torch.compiler.is_compiling() and query.shape[2] == 1 and not masked_far
-    if one_row and key_length < position_keys.shape[-2] and 0 <= offset <= 1:
-        # One query per sequence (a decoding step): the shift reads its row from column `offset` on, so only the
-        # distances of its keys are multiplied, and nothing is shifted or masked (it has no future keys). (A fresh
-        # output: a workspace pays for one block of one row less than it costs.)
-        scores = _unshifted_position_scores(query, position_keys[..., offset : offset + key_length, :])
-        return _batch_first(scores, position_keys)
+    distances = _one_row_distances(position_keys, key_length, offset) if one_row else None
+    if distances is not None:  # (a fresh output: a workspace pays for one block of one row less than it costs)
+        return _batch_first(_unshifted_position_scores(query, distances), position_keys)
     scores = _unshifted_position_scores(query, position_keys, masked_far, workspace)
     return _batch_first(relative_shift(scores, key_length, offset), position_keys)
+
+
+def _one_row_distances(position_keys: torch.Tensor, key_length: int, offset: int) -> torch.Tensor | None:
+    """The position keys of one query row per sequence (a decoding step) where its shift is a slice: a row at or after
+    the last key (offset 0 or 1, one distance more than keys) reads its keys' distances from column `offset` on, and
+    has no future keys to mask. None for any other row."""
+    if key_length < position_keys.shape[-2] and 0 <= offset <= 1:
+        return position_keys[..., offset : offset + key_length, :]
+    return None
 
 
 def _unshifted_position_scores(query, position_keys, masked_far=None, workspace=None):
@@ -297,37 +303,31 @@ def relative_attention(
                                    differentiable), None  # fmt: skip
     if differentiable:
         return _training_attention(query, key, value, content_bias, positions, score_bias, mask, causal, dropout), None
-    if _is_one_query_step(query, key, positions, score_bias, mask, dropout):
-        return _one_query_attention(query, key, value, content_bias, positions), None
+    distances = _one_query_distances(query, key, positions, score_bias, mask, dropout)
+    if distances is not None:
+        return _one_query_attention(query, key, value, content_bias, positions.bias, distances), None
     return _attention_in_blocks(query, key, value, content_bias, positions, score_bias, mask, causal, dropout, False)
 
 
-def _is_one_query_step(query, key, positions, score_bias, mask, dropout) -> bool:
-    """Whether the attention is a decoding step's that `_one_query_attention` computes: one query row per sequence
-    after (or at) the last key, relative positions shared by every row, nothing masked, no other score term, no
-    dropout."""
-    return (
-        query.shape[2] == 1
-        and positions is not None
-        and positions.keys.dim() == 3
-        and not positions.masked_far
-        and 0 <= positions.offset <= 1
-        and key.shape[2] < positions.keys.shape[-2]
-        and score_bias is None
-        and mask is None
-        and dropout == 0
-    )
+def _one_query_distances(query, key, positions, score_bias, mask, dropout) -> torch.Tensor | None:
+    """The position keys `_one_query_attention` reads where the attention is a decoding step's it computes (one query
+    row per sequence whose shift is a slice, see `_one_row_distances`; relative positions shared by every row, nothing
+    masked, no other score term, no dropout), else None."""
+    if (query.shape[2] != 1 or positions is None or positions.keys.dim() != 3 or positions.masked_far
+            or score_bias is not None or mask is not None or dropout != 0):  # fmt: skip
+        return None
+    return _one_row_distances(positions.keys, key.shape[2], positions.offset)
 
 
-def _one_query_attention(query, key, value, content_bias, positions) -> torch.Tensor:
+def _one_query_attention(query, key, value, content_bias, position_bias, distances) -> torch.Tensor:
     """Attention of one query row per sequence (a decoding step): the scores of terms (a)+(c) and (b)+(d) as
-    two products (the position row read from column `offset` on, as `relative_position_scores` does), an explicit
-    softmax, and the values' product. torch's fused kernel, for one row, spends more on its threads and buffers than
-    the row costs: Transformer-XL's greedy decoding measured 1.06-1.11x faster this way (issue configuration, prompt
-    64; 1.16x after a 1024-token prompt). bf16 / fp16 tensors are multiplied in fp32 (exact conversions; the fused
-    kernel sums in fp32 too, and torch's reduced-precision GEMM would build a oneDNN primitive for every new key
-    length), the output rounded once: 1.31x faster than the fused kernel after a 1024-token prompt in bf16."""
-    dtype, keys = query.dtype, key.shape[2]
+    two products (`distances`: the position keys of the row's keys, from `_one_row_distances`), an explicit softmax,
+    and the values' product. torch's fused kernel, for one row, spends more on its threads and buffers than the row
+    costs: Transformer-XL's greedy decoding measured 1.06-1.11x faster this way (issue configuration, prompt 64; 1.16x
+    after a 1024-token prompt). bf16 / fp16 tensors are multiplied in fp32 (exact conversions; the fused kernel sums
+    in fp32 too, and torch's reduced-precision GEMM would build a oneDNN primitive for every new key length), the
+    output rounded once: 1.31x faster than the fused kernel after a 1024-token prompt in bf16."""
+    dtype = query.dtype
     exact = torch.promote_types(dtype, torch.float32)
     query, key, value = query.to(exact), key.to(exact), value.to(exact)
     scale = query.shape[-1] ** -0.5
@@ -336,10 +336,9 @@ def _one_query_attention(query, key, value, content_bias, positions) -> torch.Te
     # (q + v) W_kR R, batch rows folded into each head's rows: [H, B, D] x [H, D, k] (the position keys are
     # pre-scaled, see `relative_position_scores`)
     position_query = query[:, :, 0].transpose(0, 1)
-    if positions.bias is not None:
-        position_query = position_query + positions.bias[:, None, :].to(exact)
-    distances = positions.keys[:, positions.offset : positions.offset + keys].to(exact)
-    scores += torch.matmul(position_query, distances.transpose(-1, -2)).transpose(0, 1)[:, :, None]
+    if position_bias is not None:
+        position_query = position_query + position_bias[:, None, :].to(exact)
+    scores += torch.matmul(position_query, distances.to(exact).transpose(-1, -2)).transpose(0, 1)[:, :, None]
     return torch.matmul(torch.softmax(scores, dim=-1), value).to(dtype)
 
 
