@@ -93,6 +93,8 @@ def _few_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         packed = prepared_weight(weight, pack_fp16)
         if packed is not None:
             return fp16_weight_linear(x, packed, bias)
+        if not _onednn_available(torch.bfloat16):  # (a weight beyond fp16's range, and no packed product to take)
+            return F.linear(x, weight, bias)
     return onednn_linear(x, prepared_weight(weight, pack), bias)
 
 
@@ -324,20 +326,23 @@ def fastest_few_rows_product(out_features: int, in_features: int, rows: int, dty
     ways = {"F.linear": (_as_is, F.linear)}
     if dtype == torch.float32:
         ways["transposed"] = (_as_is, transposed_linear)
-    if _onednn_available(dtype):
-        ways["oneDNN" if dtype == torch.float32 else "packed"] = (_as_is if dtype == torch.float32 else pack,
-                                                                  onednn_linear)  # fmt: skip
-    if dtype == torch.bfloat16 and _fp16_weights_available():
-        ways["fp16 weights"] = (pack_fp16, fp16_weight_linear)
+        if _onednn_available(dtype):
+            ways["oneDNN"] = (_as_is, onednn_linear)
+    else:
+        if _onednn_available(dtype):
+            ways["packed"] = (pack, onednn_linear)
+        if _fp16_weights_available():
+            ways["fp16 weights"] = (pack_fp16, fp16_weight_linear)
     return _fastest(_cold_seconds(ways, out_features, in_features, dtype, rows))
 
 
 @functools.cache
 def _fp16_weights_available() -> bool:
-    """Whether this torch build runs FBGEMM's fp16-weight products (x86 CPUs with AVX2)."""
+    """Whether this torch build runs FBGEMM's fp16-weight products (x86 CPUs with AVX2; not a build without torch's
+    quantized operators)."""
     try:
         fp16_weight_linear(torch.ones(1, 8), pack_fp16(torch.ones(8, 8)))
-    except (RuntimeError, NotImplementedError):
+    except (AttributeError, RuntimeError, NotImplementedError):
         return False
     return True
 

@@ -239,6 +239,23 @@ def test_fp16_weights_are_the_bf16_weights_where_fp16_holds_them(monkeypatch):
             assert calls == [1]
 
 
+@needs_fp16_weights
+def test_beyond_fp16_without_onednn_bf16_kernels_is_f_linear_exactly(monkeypatch):
+    """Where fp16 weights are chosen but a weight lies beyond fp16's range and the CPU has no oneDNN bf16 kernels for
+    the packed product (an AVX2 CPU: FBGEMM runs there, oneDNN's bf16 kernels do not), F.linear."""
+    x, weight = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(48, 16, dtype=torch.bfloat16)
+    weight[0, 0] = 1e5
+    monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "fp16 weights")
+    monkeypatch.setattr(decoding_linear, "_onednn_available", lambda dtype: False)
+
+    def no_kernels(weight):
+        raise RuntimeError("no oneDNN bf16 kernels on this CPU")
+
+    monkeypatch.setattr(decoding_linear, "pack", no_kernels)
+    with torch.no_grad():
+        assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
 @pytest.mark.parametrize("product", BF16_PRODUCTS)
 def test_a_weight_is_copied_once_and_again_after_it_changes(product, monkeypatch):
     torch.manual_seed(0)
