@@ -22,8 +22,9 @@ the weight as fp16, multiplied by fp32 rows and summed in fp32; 1.3-2.9x faster 
 models' shapes there). bf16 weights are fp16 numbers when they lie between 2^-17 and 65504 in magnitude (fp16 has
 more mantissa bits and fewer exponent bits), so that product is the bf16 one up to the order of the sums, and up to
 at most 2^-25 per weight below 2^-17 (fp16's subnormals), far under the bf16 output's rounding; a weight beyond
-fp16's range keeps the packed product. `fastest_few_rows_product` measures the three per weight shape and row count
-as it does fp32's. The copy is what a bf16 model pays for it: its weights' memory twice.
+fp16's range keeps the packed product (`F.linear` without oneDNN's bf16 kernels). `fastest_few_rows_product`
+measures the three per weight shape and row count as it does fp32's. The copy is what a bf16 model pays for it: its
+weights' memory twice.
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
