@@ -195,7 +195,10 @@ needs_bf16_kernels = pytest.mark.skipif(
 needs_fp16_weights = pytest.mark.skipif(
     not decoding_linear._fp16_weights_available(), reason="this CPU or torch build has no FBGEMM fp16-weight products"
 )
-BF16_PRODUCTS = [pytest.param("packed", marks=needs_bf16_kernels), pytest.param("fp16 weights", marks=needs_fp16_weights)]
+BF16_PRODUCTS = [
+    pytest.param("packed", marks=needs_bf16_kernels),
+    pytest.param("fp16 weights", marks=needs_fp16_weights),
+]
 
 
 @pytest.mark.parametrize("product", BF16_PRODUCTS)
