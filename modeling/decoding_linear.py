@@ -12,7 +12,8 @@ the same product, up to the order of the floating-point sums. A weight that is a
 stored [d_model, H, D] and applied as x W) would be read across its rows by the faster products, and BLAS serves it
 no faster than the plain call (0.15 ms for [512, 512], against 0.08 for the transposed product of a contiguous copy):
 those products multiply by a contiguous copy, made on a weight's first decoding step and kept as a packed bf16 copy
-is (below), which cost an fp32 XLNet 3 d_model^2 floats more per layer while it decodes.
+is (below), which cost an fp32 XLNet 6 d_model^2 floats more per layer while it decodes (the copies and the
+snapshot that tells when they are stale, see `prepared_weight`).
 
 In bf16 the same few-row products are slow in torch's own kernels (about 11 GB/s of weights on the AMD EPYC, less
 than fp32's transposed product reads twice the bytes at), and faster two ways, each from a copy of the weight made
@@ -24,7 +25,7 @@ more mantissa bits and fewer exponent bits), so that product is the bf16 one up 
 at most 2^-25 per weight below 2^-17 (fp16's subnormals), far under the bf16 output's rounding; a weight beyond
 fp16's range keeps the packed product (`F.linear` without oneDNN's bf16 kernels). `fastest_few_rows_product`
 measures the three per weight shape and row count as it does fp32's. The copy is what a bf16 model pays for it: its
-weights' memory twice.
+weights' memory three times (the weights, the copies, and the snapshot that tells when a copy is stale).
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
@@ -257,23 +258,63 @@ def fp16_weight_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None
     return product.to(x.dtype).view(*x.shape[:-1], -1)
 
 
-# weight's base tensor (the parameter a slice or reshape of it views) -> {(prepare, the view's layout): (version, copy)}
+class _KeptCopies:
+    """The copies made of one parameter (or of views of it), with what says whether they still match it: its version
+    counter, its storage, and a snapshot of its values for the writes neither sees (through `.data`, as PEFT merges
+    an adapter or a hand-written SGD step updates a weight)."""
+
+    def __init__(self, base: torch.Tensor):
+        self.version, self.storage, self.checked = base._version, base.data_ptr(), _epoch
+        self.snapshot = base.detach().clone()
+        self.copies = {}  # (prepare, the view's layout) -> copy
+
+    def still_match(self, base: torch.Tensor) -> bool:
+        """Whether `base` is unchanged since the copies were made: its version and storage always, its values
+        compared with the snapshot once per `compare_copies_again` (as 64-bit words where its bytes allow)."""
+        if base._version != self.version or base.data_ptr() != self.storage:
+            return False
+        if self.checked != _epoch:
+            if not _equal_bits(base.detach(), self.snapshot):
+                return False
+            self.checked = _epoch
+        return True
+
+
+def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal, 4x faster on CPU over 64-bit words (1.9 against 9 ms for a [32000, 512] bf16 tensor)."""
+    if a.is_contiguous() and b.is_contiguous() and (a.numel() * a.element_size()) % 8 == 0:
+        a, b = a.reshape(-1).view(torch.int64), b.reshape(-1).view(torch.int64)
+    return torch.equal(a, b)
+
+
+# weight's base tensor (the parameter a slice or reshape of it views) -> its _KeptCopies
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_epoch = 0  # moved on by compare_copies_again
+
+
+def compare_copies_again():
+    """Have each kept copy's parameter compared with its snapshot at the copy's next use. The models call this when
+    a forward pass starts a memory (a prompt, a first segment): a parameter written through `.data` since then is
+    copied anew before it is read, while a decoding step reads its copies with two integer checks."""
+    global _epoch
+    _epoch += 1
 
 
 def prepared_weight(weight: torch.Tensor, prepare) -> torch.Tensor:
     """`prepare(weight)` (`pack`, or a contiguous copy), made once per weight: kept while the parameter it views
-    lives, and made anew once that parameter is modified in place (an optimizer step, `load_state_dict`), which moves
-    its version counter."""
+    lives, and made anew once that parameter is modified: in place through autograd's view of it (an optimizer step,
+    `load_state_dict`), which moves its version counter, or given new storage, at once; through `.data`, at the first
+    use after the next `compare_copies_again`. The price is a snapshot of each copied parameter."""
     base = weight if weight._base is None else weight._base
-    key = (prepare, weight.storage_offset(), tuple(weight.shape), weight.stride())
-    copies = _PREPARED.setdefault(base, {})
-    version, prepared = copies.get(key, (None, None))
-    if version != weight._version:
+    kept = _PREPARED.get(base)
+    if kept is None or not kept.still_match(base):
         with torch.no_grad():
-            prepared = prepare(weight)
-        copies[key] = (weight._version, prepared)
-    return prepared
+            kept = _PREPARED[base] = _KeptCopies(base)
+    key = (prepare, weight.storage_offset(), tuple(weight.shape), weight.stride())
+    if key not in kept.copies:
+        with torch.no_grad():
+            kept.copies[key] = prepare(weight)
+    return kept.copies[key]
 
 
 def _cold_seconds(ways: dict, out_features: int, in_features: int, dtype: torch.dtype, rows: int) -> dict:

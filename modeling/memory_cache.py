@@ -17,6 +17,8 @@ later forgets (`crop`) may be overwritten by the next steps. Clone them to keep 
 import torch
 from transformers.cache_utils import Cache
 
+from .decoding_linear import compare_copies_again
+
 
 def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, dtype: torch.dtype, device):
     """Validate legacy `mems` (one time-major [mem_len, batch, width] tensor per layer, one mem_len for all) on the
@@ -218,17 +220,23 @@ class MemoryCache(Cache):
     ):
         """The memory a forward pass attends to and updates: `cache` itself, the legacy `mems` wrapped, or a new
         empty cache. Whatever is given must fit the model, the batch and the hidden states' dtype and device (a
-        clear ValueError / TypeError otherwise, see `check_mems`)."""
+        clear ValueError / TypeError otherwise, see `check_mems`). A forward that starts a memory (a prompt, a first
+        segment) has the weight copies kept for decoding compared with their parameters again at their next use
+        (`decoding_linear.compare_copies_again`)."""
         if cache is not None and mems is not None:
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
             check_mems(mems, num_layers, batch_size, width, model, dtype, device)
             cache = cls.from_mems(mems, mem_len)
         elif cache is None:
-            return cls(num_layers, mem_len)
+            cache = cls(num_layers, mem_len)
         elif cache.memory(0) is not None:
             check_mems(cache.mems, num_layers, batch_size, width, model, dtype, device)
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # (dynamo cannot trace is_inference())
+        if torch.compiler.is_compiling():  # (dynamo cannot trace is_inference())
+            return cache
+        if cache.memory(0) is None:  # a new sequence: weights may have changed since the last one
+            compare_copies_again()
+        elif torch.is_grad_enabled():
             cache._copy_inference_tensors()
         return cache
 

@@ -284,6 +284,64 @@ def test_a_weight_is_copied_once_and_again_after_it_changes(product, monkeypatch
     assert len(decoding_linear._PREPARED) == entries - 1
 
 
+@pytest.mark.parametrize("product", BF16_PRODUCTS)
+def test_a_weight_written_through_data_is_copied_anew(product, monkeypatch):
+    """Writes through `.data` (PEFT merging an adapter, a hand-written SGD step) move no version counter: new
+    storage is seen at once, new values in the same storage once a forward starts a memory (`compare_copies_again`)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 48, bias=False).to(torch.bfloat16)
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    name = {"packed": "pack", "fp16 weights": "pack_fp16"}[product]
+    copies, prepare = [], getattr(decoding_linear, name)
+    monkeypatch.setattr(decoding_linear, name, lambda weight: copies.append(1) or prepare(weight))
+    refuse_f_linear(monkeypatch, answer=product)
+    with torch.no_grad():
+        first = linear_layer(layer, x).float()
+        layer.weight.data.mul_(2)
+        assert torch.equal(linear_layer(layer, x).float(), first) and len(copies) == 1  # (the step's copy, kept)
+        decoding_linear.compare_copies_again()
+        torch.testing.assert_close(linear_layer(layer, x).float(), 2 * first, rtol=2e-2, atol=2e-2)
+        assert len(copies) == 2
+        assert linear_layer(layer, x).float().equal(linear_layer(layer, x).float()) and len(copies) == 2
+        layer.weight.data = 3 * layer.weight.data  # new storage: copied at once
+        torch.testing.assert_close(linear_layer(layer, x).float(), 6 * first, rtol=2e-2, atol=2e-2)
+        assert len(copies) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+@pytest.mark.parametrize("write", ["data.copy_", "data ="])
+def test_generate_after_a_write_through_data_decodes_with_the_new_weights(model_type, dtype, write, monkeypatch):
+    """generate() after weights were written through `.data` decodes as a model built with those weights does: the
+    decoding steps' kept copies (XLNet's contiguous q, k, v in fp32; every bf16 weight) are not stale."""
+    if dtype == torch.bfloat16:
+        monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "packed")
+    else:
+        monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "transposed")
+    model = tiny_lm(model_type).eval().to(dtype)
+    prompt = torch.randint(1, 90, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def decode(model):
+        with torch.inference_mode():
+            out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+        return torch.stack(out.logits).float()
+
+    before = decode(model)
+    torch.manual_seed(1)
+    for parameter in model.parameters():  # (values far from the initial ones, whose logits are nearly uniform)
+        values = (torch.randn_like(parameter, dtype=torch.float32) * 0.5).to(dtype)
+        if write == "data.copy_":
+            parameter.data.copy_(values)
+        else:
+            parameter.data = values
+    expected = tiny_lm(model_type).eval().to(dtype)
+    expected.load_state_dict(model.state_dict())
+    after, tolerance = decode(model), {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(after, decode(expected), rtol=tolerance, atol=tolerance)
+    assert not torch.allclose(after, before, rtol=tolerance, atol=tolerance)
+
+
 def test_bf16_with_gradients_or_where_f_linear_is_fastest_is_f_linear_exactly(monkeypatch):
     x, weight = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(48, 16, dtype=torch.bfloat16)
     monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "F.linear")
