@@ -32,17 +32,20 @@ def seconds(function: Callable, *args) -> float:
     return time.perf_counter() - start
 
 
-def alternate(runs: dict[str, Callable[[], float]], rounds: int, warmup: int = 2, repeats: int = 1):
+def alternate(runs: dict[str, Callable[[], float]], rounds: int, warmup: int = 2, repeats: int = 1, pause=0.0):
     """Measure every run in turn (A, B, A, B, ...) after `warmup` calls each, so that load on the machine hits all
     alike. Each run measures itself and returns a number (seconds, or any other per-call figure); returns
-    {name: [values]} with `rounds * repeats` values each."""
+    {name: [values]} with `rounds * repeats` values each. `pause` seconds are slept before each measured call, so
+    that threads the previous call left spinning do not run beside it."""
     for _ in range(warmup):
         for run in runs.values():
             run()
     values = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
-            values[name].extend(run() for _ in range(repeats))
+            for _ in range(repeats):
+                time.sleep(pause)
+                values[name].append(run())
     return values
 
 
