@@ -138,6 +138,11 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     )
 
 
+def is_tracing() -> bool:
+    """Whether torch.compile or torch.export is tracing a graph (in which nothing may be kept across calls)."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 def _traced(*tensors) -> bool:
     """Whether a product must be one operator that autograd or torch.compile can follow: it has gradients to
     come, or a graph is being traced."""
@@ -268,12 +273,13 @@ class _KeptCopies:
         self.snapshot = base.detach().clone()
         self.copies = {}  # (prepare, the view's layout) -> copy
 
-    def still_match(self, base: torch.Tensor) -> bool:
+    def still_match(self, base: torch.Tensor, compare: bool = False) -> bool:
         """Whether `base` is unchanged since the copies were made: its version and storage always, its values
-        compared with the snapshot once per `compare_copies_again` (as 64-bit words where its bytes allow)."""
+        compared with the snapshot once per `compare_copies_again`, or now with `compare` (as 64-bit words where
+        its bytes allow)."""
         if base._version != self.version or base.data_ptr() != self.storage:
             return False
-        if self.checked != _epoch:
+        if compare or self.checked != _epoch:
             if not _equal_bits(base.detach(), self.snapshot):
                 return False
             self.checked = _epoch
@@ -305,15 +311,26 @@ def prepared_weight(weight: torch.Tensor, prepare) -> torch.Tensor:
     lives, and made anew once that parameter is modified: in place through autograd's view of it (an optimizer step,
     `load_state_dict`), which moves its version counter, or given new storage, at once; through `.data`, at the first
     use after the next `compare_copies_again`. The price is a snapshot of each copied parameter."""
+    key = (prepare, weight.storage_offset(), tuple(weight.shape), weight.stride())
+    return kept_result(weight, key, lambda: prepare(weight))
+
+
+def kept_result(weight: torch.Tensor, key, make, compare: bool = False):
+    """`make()`, made from `weight` (a copy, or a holder of what is made from it; `key`, hashable, names it among the
+    weight's), kept with `weight`'s copies (see `prepared_weight`) and made again once the weight changes; with
+    `compare`, its values are compared with the snapshot at this call (for a result used once per forward pass,
+    where that costs little beside it). Made and not kept for a weight without a version counter (made under
+    inference_mode) and in a traced graph."""
+    if weight.is_inference() or is_tracing():
+        return make()
     base = weight if weight._base is None else weight._base
     kept = _PREPARED.get(base)
-    if kept is None or not kept.still_match(base):
+    if kept is None or not kept.still_match(base, compare):
         with torch.no_grad():
             kept = _PREPARED[base] = _KeptCopies(base)
-    key = (prepare, weight.storage_offset(), tuple(weight.shape), weight.stride())
     if key not in kept.copies:
         with torch.no_grad():
-            kept.copies[key] = prepare(weight)
+            kept.copies[key] = make()
     return kept.copies[key]
 
 

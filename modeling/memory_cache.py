@@ -17,7 +17,7 @@ later forgets (`crop`) may be overwritten by the next steps. Clone them to keep 
 import torch
 from transformers.cache_utils import Cache
 
-from .decoding_linear import compare_copies_again
+from .decoding_linear import compare_copies_again, is_tracing, kept_result
 
 
 def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, dtype: torch.dtype, device):
@@ -285,18 +285,34 @@ class MemoryCache(Cache):
             self.seen_tokens += new_hidden.shape[1]
             self.last_stored = new_hidden.shape[1]
 
-    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project):
+    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project, weight=None, settings=()):
         """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from a stored table.
 
         `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed
         at least twice as long, so a memory that grows by one token per step costs amortised O(1) projections.
+        With `weight`, the projection's weight, the layer's latest table is also kept with it across memories
+        (`kept_result`, made again once the weight changes, which is checked at every such miss): the forward passes
+        of a stream read through legacy `mems`, each with a memory of its own, project their positions once (ONNX
+        Runtime folds that projection into a constant of the exported graph). `settings` must name whatever else
+        `project` reads (the model's clamp_len, ...); autocast's dtype is added here.
         """
         layer = self.layers[layer_idx]
         stored = layer.position_keys
         if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
             longer = span if stored is None or layer.lowest_distance != lowest_distance else 2 * stored.shape[-2]
-            stored = layer.position_keys = project(max(span, longer))
-            layer.lowest_distance = lowest_distance
+            count = max(span, longer)
+            if weight is None or is_tracing():
+                stored = project(count)
+            else:
+                device = weight.device.type
+                autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+                kept = kept_result(weight, "position keys", dict, compare=True)  # (a weight written through .data)
+                key = (lowest_distance, autocast, *settings)
+                if key not in kept or kept[key].shape[-2] < count:  # (one table per weight: the latest)
+                    kept.clear()
+                    kept[key] = project(count)
+                stored = kept[key]
+            layer.position_keys, layer.lowest_distance = stored, lowest_distance
         return stored[..., stored.shape[-2] - span :, :]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -677,6 +677,8 @@ class XLNetModel(XLNetPreTrainedModel):
             lambda n: attention.project_positions(
                 self._relative_position_embeddings(lowest + n - 1, lowest, attention.r_r_bias.device)
             ),
+            weight=attention.r if isinstance(attention.r, torch.Tensor) else None,
+            settings=(self.config.clamp_len, self.config.bi_data),
         )
 
     # ----- encodings and masks ----------------------------------------------------------------------------------

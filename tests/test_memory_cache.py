@@ -1,6 +1,7 @@
 """The memory grows in place: decoding steps write only their new positions, and nothing the caller owns is
 ever written."""
 
+import pytest
 import torch
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
@@ -130,3 +131,67 @@ def test_a_memory_made_under_inference_mode_trains_like_one_made_under_no_grad()
         for memory in ("mems", "cache"):
             for a, b in zip(gradients["inference", memory], gradients["no_grad", memory], strict=True):
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def stream_model(model_type):
+    """An eval-mode language model and how a stream calls it through legacy `mems` (one memory per call)."""
+    model = (tiny_transfo_xl(mem_len=6) if model_type == "transfo-xl" else tiny_xlnet(mem_len=6)).eval()
+    with torch.no_grad():  # (weights far from the initial ones, which leave the logits nearly uniform)
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    extra = {"use_mems": True} if model_type == "xlnet" else {}
+    ids = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        mems = model(ids, **extra).mems
+
+    def segment(model=model):
+        with torch.no_grad():
+            return model(ids, mems=mems, **extra).logits
+
+    return model, segment
+
+
+def position_weight(model):
+    """The first layer's projection of the relative encodings."""
+    if isinstance(model, TransfoXLLMHeadModel):
+        return model.transformer.layers[0].dec_attn.r_net.weight
+    return model.transformer.layer[0].rel_attn.r
+
+
+def count_position_projections(model, monkeypatch):
+    attentions = [m for m in model.modules() if hasattr(m, "project_positions")]
+    calls = []
+    for attention in attentions:
+        project = attention.project_positions
+        monkeypatch.setattr(attention, "project_positions", lambda *args, f=project: calls.append(1) or f(*args))
+    return calls, len(attentions)
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_a_stream_through_legacy_mems_projects_its_positions_once(model_type, monkeypatch):
+    """Each call wraps its `mems` in a memory of its own; the layers' position keys are kept with their weights
+    (what ONNX Runtime folds into a constant), so later calls of the same lengths project none."""
+    model, segment = stream_model(model_type)
+    calls, layers = count_position_projections(model, monkeypatch)
+    first = segment()
+    assert len(calls) == layers
+    assert torch.equal(segment(), first) and len(calls) == layers
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+@pytest.mark.parametrize("change", ["data.copy_", "clamp_len"])
+def test_kept_position_keys_follow_a_weight_written_through_data_and_the_config(model_type, change):
+    """A weight written through `.data` (no version counter moves) or a changed clamp_len: the next call projects
+    the positions again, and gives what a model built that way gives."""
+    model, segment = stream_model(model_type)
+    before = segment()
+    if change == "data.copy_":
+        weight = position_weight(model)
+        weight.data.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)))
+    else:
+        model.config.clamp_len = 2
+    expected = type(model)(model.config).eval()
+    expected.load_state_dict(model.state_dict())
+    after = segment()
+    torch.testing.assert_close(after, segment(expected))
+    assert not torch.allclose(after, before)
