@@ -9,7 +9,7 @@ dummy-token scheme; memory kept whole, as the Hub configs' `mem_len: null` says)
 The legacy implementation needs transformers 4.37.2, which cannot share a process with transformers v5: it runs in
 a worker process under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON; README,
 "Benchmarks", says how to make that venv), kept warm and driven round by round, so ours and the reference alternate
-(A, B, A, B). Without it only our two modes are measured. `benchmarks/run.py` runs this benchmark among the others.
+(A, B, B, A). Without it only our two modes are measured. `benchmarks/run.py` runs this benchmark among the others.
 
 Per-token time excludes the prompt: a logits processor timestamps every decoding step, and a run's time per token
 is the median interval between consecutive steps after the first (the prompt's). Greedy decoding, fp32, 2 threads,

@@ -44,7 +44,7 @@ layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers); dropou
 compute the same thing in training mode. `--quick` uses one tiny configuration per model.
 
 Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
-`--rounds` rounds (default 5) that alternate the sides (A, B, A, B, ...); each side's min and median, and ratios of
+`--rounds` rounds (default 5) that alternate the sides (A, B, B, A, ...); each side's min and median, and ratios of
 the medians.
 2 threads by default. Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows);
 default DIR: benchmark-results.

@@ -33,16 +33,19 @@ def seconds(function: Callable, *args) -> float:
 
 
 def alternate(runs: dict[str, Callable[[], float]], rounds: int, warmup: int = 2, repeats: int = 1, pause=0.0):
-    """Measure every run in turn (A, B, A, B, ...) after `warmup` calls each, so that load on the machine hits all
-    alike. Each run measures itself and returns a number (seconds, or any other per-call figure); returns
-    {name: [values]} with `rounds * repeats` values each. `pause` seconds are slept before each measured call, so
-    that threads the previous call left spinning do not run beside it."""
+    """Measure every run in turn after `warmup` calls each, so that load on the machine hits all alike: in the given
+    order and the reverse on alternate rounds (A, B, B, A, ...), so that no run always follows the same one (what a
+    call leaves behind, threads still spinning, freed memory, caches it filled, moved the next call's time by 4-10%
+    in one process). Each run measures itself and returns a number (seconds, or any other per-call figure); returns
+    {name: [values]} in the given order, with `rounds * repeats` values each. `pause` seconds are slept before each
+    measured call, so that threads the previous call left spinning do not run beside it."""
     for _ in range(warmup):
         for run in runs.values():
             run()
     values = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
+    for round_ in range(rounds):
+        for name in list(runs) if round_ % 2 == 0 else reversed(list(runs)):
+            run = runs[name]
             for _ in range(repeats):
                 time.sleep(pause)
                 values[name].append(run())

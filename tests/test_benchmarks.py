@@ -181,3 +181,17 @@ def test_streamed_weight_bytes_counts_each_weight_a_decoding_step_reads_once(mon
         if not tie:
             skipped += [layer.weight for layer in txl.transformer.word_emb.emb_layers]
         assert bench_generation.streamed_weight_bytes(txl) == size(txl.parameters()) - size(skipped), tie
+
+
+def test_alternate_reverses_the_order_every_other_round():
+    """No side always runs right after the same other one; the values come back per side, in the given order."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from timing import alternate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or len(calls)) for name in "ABC"}
+    values = alternate(runs, rounds=3, warmup=1)
+    assert calls == list("ABC" "ABC" "CBA" "ABC")
+    assert list(values) == list("ABC") and values["A"] == [4, 9, 10] and values["C"] == [6, 7, 12]
