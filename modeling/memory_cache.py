@@ -308,10 +308,11 @@ class MemoryCache(Cache):
                 autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
                 kept = kept_result(weight, "position keys", dict, compare=True)  # (a weight written through .data)
                 key = (lowest_distance, autocast, *settings)
-                if key not in kept or kept[key].shape[-2] < count:  # (one table per weight: the latest)
+                stored = kept.get(key)
+                if stored is None or stored.shape[-2] < count:  # (one table per weight: the latest)
+                    stored = project(count)
                     kept.clear()
-                    kept[key] = project(count)
-                stored = kept[key]
+                    kept[key] = stored
             layer.position_keys, layer.lowest_distance = stored, lowest_distance
         return stored[..., stored.shape[-2] - span :, :]
 
