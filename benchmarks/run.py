@@ -32,7 +32,8 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   loop (`training.evaluate.evaluate_stream`: the memory in a `MemoryCache`, the loss of every prediction) over the
   same stream;
 - `deploy`: batch 1, one segment of 128 tokens after 128 of memory (the issue configuration with mem_len 128): our
-  eager forward against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
+  eager forward (the memory as a legacy `mems` tuple, and carried from call to call in a `MemoryCache`, as a stream
+  is read) against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
   onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
   decoding per token, eager against int8 and bf16 weights (see `measure_deploy`);
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
