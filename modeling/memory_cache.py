@@ -285,25 +285,28 @@ class MemoryCache(Cache):
             self.seen_tokens += new_hidden.shape[1]
             self.last_stored = new_hidden.shape[1]
 
-    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project, weight=None, settings=()):
+    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project, kept_with=None):
         """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from a stored table.
 
         `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed
         at least twice as long, so a memory that grows by one token per step costs amortised O(1) projections.
-        With `weight`, the projection's weight, the layer's latest table is also kept with it across memories
-        (`kept_result`, made again once the weight changes, which is checked at every such miss): the forward passes
-        of a stream read through legacy `mems`, each with a memory of its own, project their positions once (ONNX
-        Runtime folds that projection into a constant of the exported graph). `settings` must name whatever else
-        `project` reads (the model's clamp_len, ...); autocast's dtype is added here.
+        `kept_with()`, called on a miss only, may name the projection's weight and whatever else `project` reads
+        (`(weight, settings)`: the model's clamp_len, ...; autocast's dtype is added here), or None: the layer's
+        latest table is then also kept with that weight across memories (`kept_result`, made again once the weight
+        changes, which is checked at every such miss), so that the forward passes of a stream read through legacy
+        `mems`, each with a memory of its own, project their positions once (ONNX Runtime folds that projection
+        into a constant of the exported graph).
         """
         layer = self.layers[layer_idx]
         stored = layer.position_keys
         if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
             longer = span if stored is None or layer.lowest_distance != lowest_distance else 2 * stored.shape[-2]
             count = max(span, longer)
-            if weight is None or is_tracing():
+            owner = None if kept_with is None or is_tracing() else kept_with()
+            if owner is None:
                 stored = project(count)
             else:
+                weight, settings = owner
                 device = weight.device.type
                 autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
                 kept = kept_result(weight, "position keys", dict, compare=True)  # (a weight written through .data)

@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput
 from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
 from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
-from .decoding_linear import is_plain_linear, is_tracing, linear_layer
+from .decoding_linear import is_plain_linear, linear_layer
 from .decoding_threads import on_decoding_threads
 from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
@@ -582,20 +582,22 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             return attention.project_positions(position_embedding)
         # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
         dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
-        kept = {}  # (the table kept with r_net's weight across memories: see MemoryCache.position_keys)
-        if is_plain_linear(attention.r_net) and not is_tracing():
+
+        def kept_with():  # (the table kept with r_net's weight across memories: see MemoryCache.position_keys)
+            if not is_plain_linear(attention.r_net):
+                return None
             # inv_freq, a buffer legacy files hold, is named too: loading one moves its version (one made under
             # inference_mode has none, and cannot be written outside it)
             frequencies = self.pos_emb.inv_freq
             version = None if frequencies.is_inference() else frequencies._version
-            settings = (self.config.clamp_len, frequencies.data_ptr(), version)
-            kept = dict(weight=attention.r_net.weight, settings=settings)
+            return attention.r_net.weight, (self.config.clamp_len, frequencies.data_ptr(), version)
+
         return cache.position_keys(
             layer_idx,
             key_length + 1,
             -1,
             lambda span: attention.project_positions(self._position_embedding(span - 2, -1, dtype, device)),
-            **kept,
+            kept_with,
         )
 
 

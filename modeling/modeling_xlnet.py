@@ -677,8 +677,9 @@ class XLNetModel(XLNetPreTrainedModel):
             lambda n: attention.project_positions(
                 self._relative_position_embeddings(lowest + n - 1, lowest, attention.r_r_bias.device)
             ),
-            weight=attention.r if isinstance(attention.r, torch.Tensor) else None,
-            settings=(self.config.clamp_len, self.config.bi_data),
+            # (the table kept with the weight r across memories; a layer in its place keeps none)
+            lambda: (attention.r, (self.config.clamp_len, self.config.bi_data))
+            if isinstance(attention.r, torch.Tensor) else None,
         )
 
     # ----- encodings and masks ----------------------------------------------------------------------------------
