@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from timing import LEGACY_PYTHON_ENV, Worker, alternate, legacy_python, serve
+from timing import LEGACY_PYTHON_ENV, Worker, alternate, legacy_python, seconds, serve
 
 CONFIG = dict(  # the measurement config of shared/reference/performance-notes.md, wt103-like memory
     vocab_size=32000, cutoffs=[8000, 16000], d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
@@ -258,6 +258,45 @@ def bench_contention(rounds, legacy_python, config=CONFIG, new_tokens=12, prompt
     if legacy:
         legacy.close()
     return results
+
+
+def step_products(model, prompt, **generate_kwargs) -> list:
+    """The products of a few rows (`decoding_linear.linear`'s decoding path) that one decoding step of `model` after
+    `prompt` runs, recorded from a real step as (rows, weight, bias)."""
+    from unittest import mock
+
+    from transformers_xl.modeling import decoding_linear
+
+    calls, few_rows = [], decoding_linear._few_rows
+
+    def recorded(x, weight, bias, rows):
+        calls.append((x.clone(), weight, bias))
+        return few_rows(x, weight, bias, rows)
+
+    # (each forward pass starts the list again: the prompt's computes its last row's logits, a few-row product too)
+    hook = model.register_forward_pre_hook(lambda *_: calls.clear())
+    try:
+        with mock.patch.object(decoding_linear, "_few_rows", recorded):
+            make_generate(model, True, **generate_kwargs)(prompt, 2)  # the prompt's forward pass, then one step
+    finally:
+        hook.remove()
+    return calls
+
+
+def products_alone(calls, passes):
+    """`seconds()`: the median time of `calls` (from `step_products`) run once each, as a step runs them, over
+    `passes` passes: what a decoding step spends on its products, the rest of the step left out."""
+    from transformers_xl.modeling.decoding_linear import linear
+
+    def run():
+        for x, weight, bias in calls:
+            linear(x, weight, bias)
+
+    def timed():
+        with torch.inference_mode():
+            return statistics.median(seconds(run) for _ in range(passes))
+
+    return timed
 
 
 def streamed_weight_bytes(model) -> int:

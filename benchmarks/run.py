@@ -22,7 +22,8 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   reported, with their error, instead of stopping the run (the first configuration only);
 - `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references, and ours
   against the weight-streaming floor: the bytes of weights a decoding step must read (`streamed_weight_bytes`)
-  over the memory bandwidth of a matrix-vector product (`measure_gemv_bandwidth`);
+  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`), beside the products of one of
+  ours' steps run alone (`bench_generation.step_products`), alternating with ours;
 - `contention`: Transformer-XL greedy decoding, ours and transformers 4.37.2, quiet, with a busy loop on one core
   and beside a second torch process running its own threads (`bench_generation.CONTENTION`), and each side's
   slowdown against its quiet time;
@@ -552,8 +553,8 @@ def measure_variants(run: Run, case: Case, folder: Path, variant: str):
 
 def measure_generation(run: Run):
     """bench_generation.py's measurements (greedy decoding, batch 1), with the issue configuration's vocabulary
-    split; mem_len 1600 so that the memory covers the prompts. Then ours at the shortest prompt against the
-    weight-streaming floor."""
+    split; mem_len 1600 so that the memory covers the prompts. Then ours at the shortest prompt, alternating with its
+    step's products alone, against the weight-streaming floor."""
     import bench_generation
     import transformers_xl
 
@@ -564,24 +565,33 @@ def measure_generation(run: Run):
     for prompt, sides in results.items():
         sides = {side: sides.get(side) for side in ("ours (cache)", "legacy 4.37.2", "ours (recompute)")}
         run.add("generation", name, "Transformer-XL", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
-    ours = {"Transformer-XL": results[min(prompts)]["ours (cache)"]}
     results, same = bench_generation.bench_xlnet(prompts, run.args.rounds, config=xlnet, new_tokens=new_tokens)
     for prompt, sides in results.items():
         run.add("generation", name, "XLNet", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
-    ours["XLNet"] = results[min(prompts)]["ours"]
 
     if not run.gemv_bandwidth:
         measure_peak(run, "for the floor")
+    torch.manual_seed(0)
     models = {
-        "Transformer-XL": transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**txl)),
-        "XLNet": transformers_xl.XLNetLMHeadModel(transformers_xl.XLNetConfig(**xlnet)),
-    }
-    for model, values in ours.items():
-        weight_bytes = bench_generation.streamed_weight_bytes(models[model])
+        "Transformer-XL": (transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**txl)).eval(),
+                           {"attention_mask": None}),
+        "XLNet": (transformers_xl.XLNetLMHeadModel(transformers_xl.XLNetConfig(**xlnet)).eval(), {"use_mems": True}),
+    }  # fmt: skip
+    for model, (module, generate_kwargs) in models.items():
+        # ours again, alternating with its step's products alone (recorded from one of its steps and run as it
+        # runs them): how much of a step is reading the weights, and how much the rest of it
+        prompt = bench_generation.random_prompt(min(prompts), module.config.vocab_size)
+        generate = bench_generation.make_generate(module, True, **generate_kwargs)
+        calls = bench_generation.step_products(module, prompt, **generate_kwargs)
+        sides = alternate({
+            "ours": lambda: bench_generation.seconds_per_token(generate, prompt, new_tokens),
+            "products alone": bench_generation.products_alone(calls, passes=new_tokens - 1),
+        }, run.args.rounds, warmup=1)  # fmt: skip
+        weight_bytes = bench_generation.streamed_weight_bytes(module)
         floor = weight_bytes / run.gemv_bandwidth
         run.add("floor", name, model, f"greedy, prompt {min(prompts)}", "s/token",
-                {"ours": values, "weight-streaming floor": [floor]}, weight_bytes=weight_bytes,
-                gemv_bytes_per_second=run.gemv_bandwidth)  # fmt: skip
+                {"ours": sides["ours"], "weight-streaming floor": [floor], "products alone": sides["products alone"]},
+                weight_bytes=weight_bytes, gemv_bytes_per_second=run.gemv_bandwidth)  # fmt: skip
         print_row(run.rows[-1])
 
 
@@ -764,8 +774,10 @@ SECTIONS = {
     "generation": ("Generation, greedy, batch 1: new tokens/s, median / best; speed-up = reference time / ours",
                    ["configuration", "model", "prompt", "ours", "reference", "speed-up", "ours without the cache"]),
     "floor": ("Generation against the weight-streaming floor (weights a step reads / matrix-vector bandwidth): new "
-              "tokens/s, median / best; ours' time over the floor's",
-              ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token"]),
+              "tokens/s, median / best; ours' time over the floor's; the products of one of ours' steps alone "
+              "(alternating with ours)",
+              ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token",
+               "products alone", "products alone / floor (time)"]),
     "contention": ("Transformer-XL greedy decoding beside other work, batch 1: new tokens/s, median / best; slowdown = "
                    "median time per token over the same side's quiet one",
                    ["configuration", "model", "contention", "ours", "reference", "speed-up", "ours' slowdown",
@@ -832,6 +844,11 @@ def markdown(run: Run) -> str:
                 cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
             if section == "floor":
                 cells.append(f"{row['weight_bytes'] / 2**20:,.1f} MiB at {row['gemv_bytes_per_second'] / 1e9:.1f} GB/s")
+                products, floor = row["sides"].get("products alone"), row["sides"]["weight-streaming floor"]
+                if products is not None and products["status"] == "measured":
+                    cells += [cell(products, row), f"{products['median'] / floor['median']:.2f}x"]
+                else:
+                    cells += ["-", "-"]
             if section == "contention":
                 cells += [f"{row['slowdown'][side]:.2f}x" if side in row["slowdown"] else "-" for side, _ in sides]
             if section == "stream":  # the evaluate command's loop, and its speed-up over the sliding window

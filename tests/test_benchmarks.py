@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY_ENV = "TRANSFORMERS_XL_LEGACY_PYTHON"
@@ -27,8 +28,8 @@ EXPECTED = {  # (section, model, workload) -> side names
     },
     ("generation", "Transformer-XL", "prompt 8"): ["ours (cache)", "legacy 4.37.2", "ours (recompute)"],
     ("generation", "XLNet", "prompt 8"): ["ours", "transformers"],
-    ("floor", "Transformer-XL", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
-    ("floor", "XLNet", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
+    ("floor", "Transformer-XL", "greedy, prompt 8"): ["ours", "weight-streaming floor", "products alone"],
+    ("floor", "XLNet", "greedy, prompt 8"): ["ours", "weight-streaming floor", "products alone"],
     **{
         ("contention", "Transformer-XL", kind): ["ours", "legacy 4.37.2"]
         for kind in ("quiet", "one core busy", "beside a torch process")
@@ -121,6 +122,9 @@ def check(results, table, legacy_measured):
         assert row["weight_bytes"] > 0 and row["gemv_bytes_per_second"] in bandwidths
         floor = row["sides"]["weight-streaming floor"]["median"]
         assert floor == pytest.approx(row["weight_bytes"] / row["gemv_bytes_per_second"])
+        products_over_floor = row["sides"]["products alone"]["median"] / floor
+        line = next(line for line in table.splitlines() if line.startswith(f"| {row['config']} | {model} | greedy, "))
+        assert line.endswith(f" | {products_over_floor:.2f}x |") and line.count("|") == 10
     for kind in ("quiet", "one core busy", "beside a torch process"):  # each side against its own quiet time
         row = rows[("contention", "Transformer-XL", kind)]
         assert set(row["slowdown"]) == ({"ours", "legacy 4.37.2"} if legacy_measured else {"ours"})
@@ -181,6 +185,41 @@ def test_streamed_weight_bytes_counts_each_weight_a_decoding_step_reads_once(mon
         if not tie:
             skipped += [layer.weight for layer in txl.transformer.word_emb.emb_layers]
         assert bench_generation.streamed_weight_bytes(txl) == size(txl.parameters()) - size(skipped), tie
+
+
+@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
+def test_step_products_are_the_products_of_one_decoding_step(model_type, monkeypatch):
+    """The floor's "products alone" side runs what one decoding step multiplies: its few rows (Transformer-XL's new
+    token) by each projection, feed-forward and output weight, each once (the output layer in its clusters' row
+    ranges)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_generation
+
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    if model_type == "transfo-xl":
+        model = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=50, cutoffs=[10, 30], div_val=1, d_model=16, d_embed=16,
+                                                     n_head=2, d_head=8, d_inner=32, n_layer=2, mem_len=32,
+                                                     eos_token_id=None))  # fmt: skip
+        weights = [(layer.dec_attn.qkv_net.weight, layer.dec_attn.o_net.weight, layer.pos_ff.CoreNet[0].weight,
+                    layer.pos_ff.CoreNet[3].weight) for layer in model.transformer.layers]  # fmt: skip
+        weights, kwargs = [*sum(weights, ()), model.crit.out_layers[0].weight, model.crit.cluster_weight], {}
+    else:
+        model = XLNetLMHeadModel(XLNetConfig(vocab_size=50, d_model=16, n_layer=2, n_head=2, d_inner=32))
+        weights = [(*(getattr(layer.rel_attn, name) for name in "qkvo"), layer.ff.layer_1.weight,
+                    layer.ff.layer_2.weight) for layer in model.transformer.layer]  # fmt: skip
+        weights, kwargs = [*sum(weights, ()), model.lm_loss.weight], {"use_mems": True}
+    calls = bench_generation.step_products(model.eval(), bench_generation.random_prompt(8, 50), **kwargs)
+    if model_type == "transfo-xl":  # (XLNet's step has 1-3 rows: the new token, the dummy one, the query stream)
+        assert {x.shape[:-1].numel() for x, _, _ in calls} == {1}
+
+    def storage(tensor):
+        return tensor.untyped_storage().data_ptr()
+
+    assert {storage(weight) for _, weight, _ in calls} == {storage(weight) for weight in weights}
+    assert sum(weight.numel() for _, weight, _ in calls) == sum(weight.numel() for weight in weights)
+    assert bench_generation.products_alone(calls, passes=3)() > 0
 
 
 def test_alternate_reverses_the_order_every_other_round():
