@@ -284,8 +284,10 @@ def step_products(model, prompt, **generate_kwargs) -> list:
 
 
 def products_alone(calls, passes):
-    """`seconds()`: the median time of `calls` (from `step_products`) run once each, as a step runs them, over
-    `passes` passes: what a decoding step spends on its products, the rest of the step left out."""
+    """`seconds()`: the median time of `calls` (from `step_products`) run once each, as a step runs them (on the
+    threads a decoding step would take now), over `passes` passes: what a decoding step spends on its products, the
+    rest of the step left out."""
+    from transformers_xl.modeling import decoding_threads
     from transformers_xl.modeling.decoding_linear import linear
 
     def run():
@@ -293,8 +295,14 @@ def products_alone(calls, passes):
             linear(x, weight, bias)
 
     def timed():
-        with torch.inference_mode():
-            return statistics.median(seconds(run) for _ in range(passes))
+        threads = torch.get_num_threads()
+        if decoding_threads.DECODING_THREADS is not None:  # (as `on_decoding_threads` sets them)
+            torch.set_num_threads(min(threads, decoding_threads.decoding_threads()))
+        try:
+            with torch.inference_mode():
+                return statistics.median(seconds(run) for _ in range(passes))
+        finally:
+            torch.set_num_threads(threads)
 
     return timed
 
