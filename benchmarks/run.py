@@ -844,11 +844,8 @@ def markdown(run: Run) -> str:
                 cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
             if section == "floor":
                 cells.append(f"{row['weight_bytes'] / 2**20:,.1f} MiB at {row['gemv_bytes_per_second'] / 1e9:.1f} GB/s")
-                products, floor = row["sides"].get("products alone"), row["sides"]["weight-streaming floor"]
-                if products is not None and products["status"] == "measured":
-                    cells += [cell(products, row), f"{products['median'] / floor['median']:.2f}x"]
-                else:
-                    cells += ["-", "-"]
+                products, floor = row["sides"]["products alone"], row["sides"]["weight-streaming floor"]
+                cells += [cell(products, row), f"{products['median'] / floor['median']:.2f}x"]
             if section == "contention":
                 cells += [f"{row['slowdown'][side]:.2f}x" if side in row["slowdown"] else "-" for side, _ in sides]
             if section == "stream":  # the evaluate command's loop, and its speed-up over the sliding window
