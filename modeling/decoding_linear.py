@@ -15,17 +15,22 @@ those products multiply by a contiguous copy, made on a weight's first decoding 
 is (below), which cost an fp32 XLNet 6 d_model^2 floats more per layer while it decodes (the copies and the
 snapshot that tells when they are stale, see `prepared_weight`).
 
-In bf16 the same few-row products are slow in torch's own kernels (about 11 GB/s of weights on the AMD EPYC, less
-than fp32's transposed product reads twice the bytes at), and faster two ways, each from a copy of the weight made
-on first use and kept as long as the weight lives and is not modified (see `prepared_weight`): oneDNN given the
-weight once in its own blocked layout (`pack`, about 20 GB/s), and FBGEMM's fp16-weight products (`pack_fp16`:
+In bf16 the same few-row products are slow as `F.linear` asks for them (about 11 GB/s of weights on the AMD EPYC, less
+than fp32's transposed product reads twice the bytes at): on a CPU with bf16 instructions torch hands them to oneDNN,
+which builds a primitive for every call. They are faster three ways. torch's own kernels, with oneDNN switched off
+for the call (`native_linear`), stream the weights as they are at 18-22 GB/s for one row and sum in fp32, rounding
+once. The other two multiply by a copy of the weight made on first use and kept as long as the weight lives and is
+not modified (see `prepared_weight`): oneDNN given the weight once in its own blocked layout (`pack`, about 20 GB/s),
+and FBGEMM's fp16-weight products (`pack_fp16`:
 the weight as fp16, multiplied by fp32 rows and summed in fp32; 1.3-2.9x faster than the packed product for the
 models' shapes there). bf16 weights are fp16 numbers when they lie between 2^-17 and 65504 in magnitude (fp16 has
 more mantissa bits and fewer exponent bits), so that product is the bf16 one up to the order of the sums, and up to
 at most 2^-25 per weight below 2^-17 (fp16's subnormals), far under the bf16 output's rounding; a weight beyond
 fp16's range keeps the packed product (`F.linear` without oneDNN's bf16 kernels). `fastest_few_rows_product`
-measures the three per weight shape and row count as it does fp32's. The copy is what a bf16 model pays for it: its
-weights' memory three times (the weights, the copies, and the snapshot that tells when a copy is stale).
+measures the four per weight shape and row count as it does fp32's (on the AMD EPYC torch's own kernels win the
+attention's and the feed-forward's single rows, the fp16 weights the output layer's and the rows in twos to fours).
+A kept copy is what a bf16 model pays for them: its weights' memory up to three times (the weights, the copies, and
+the snapshot that tells when a copy is stale).
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
@@ -87,9 +92,14 @@ def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
 
 
 def _few_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """`linear` of a few bf16 rows: the product measured fastest for this shape, from a kept copy of the weight."""
+    """`linear` of a few bf16 rows: the product measured fastest for this shape, from the weight or a kept copy."""
     product = fastest_few_rows_product(*weight.shape, rows, torch.bfloat16)
-    if product == "F.linear" or not _copyable(x, weight, bias):
+    if product == "F.linear" or is_differentiable(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if product == "native":
+        by_rows = _by_rows(x, weight, bias)
+        return F.linear(x, weight, bias) if by_rows is None else native_linear(x, by_rows, bias)
+    if not _copyable(x, weight, bias):
         return F.linear(x, weight, bias)
     if product == "fp16 weights":
         packed = prepared_weight(weight, pack_fp16)
@@ -103,17 +113,23 @@ def _few_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def _few_fp32_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
     """`linear` of a few fp32 rows: the product measured fastest for this shape."""
     product = fastest_few_rows_product(*weight.shape, rows)
-    if product == "F.linear":
+    by_rows = None if product == "F.linear" else _by_rows(x, weight, bias)
+    if by_rows is None:
         return F.linear(x, weight, bias)
-    if not weight.is_contiguous():
-        # A transposed view (XLNet's q, k, v, stored [d_model, H, D]): the products measured read [out, in] rows,
-        # so they multiply by a contiguous copy, kept as a packed one is.
-        if not (_copyable(x, weight, bias) and weight.t().is_contiguous()):
-            return F.linear(x, weight, bias)
-        weight = prepared_weight(weight, torch.Tensor.contiguous)
     if product == "transposed":
-        return transposed_linear(x, weight, bias)
-    return onednn_linear(x, weight, bias)
+        return transposed_linear(x, by_rows, bias)
+    return onednn_linear(x, by_rows, bias)
+
+
+def _by_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """`weight` as the measured products read it, [out, in] rows in memory: itself, or for a transposed view
+    (XLNet's q, k, v, stored [d_model, H, D]) a contiguous copy, kept as a packed one is; None where no copy may be
+    kept."""
+    if weight.is_contiguous():
+        return weight
+    if not (_copyable(x, weight, bias) and weight.t().is_contiguous()):
+        return None
+    return prepared_weight(weight, torch.Tensor.contiguous)
 
 
 def _copyable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -237,6 +253,19 @@ onednn_linear_op = define(__package__ or __name__, "onednn_linear", _onednn_line
                           _onednn_linear_backward, _setup_onednn_linear)  # fmt: skip
 
 
+def native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` by torch's own CPU kernels: oneDNN switched off for the call (and back to what it
+    was), which for a few bf16 rows sum in fp32 and round once. (The switch, `torch.backends.mkldnn.enabled`, is the
+    process's: an operation another thread runs meanwhile may skip oneDNN too, which changes its speed, and at most
+    the order of its sums.)"""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        return F.linear(x, weight, bias)
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """`weight` [out, in] in oneDNN's blocked layout for products of a row or a few (an opaque tensor)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
@@ -338,7 +367,7 @@ def _cold_seconds(ways: dict, out_features: int, in_features: int, dtype: torch.
     """The best time of each way, `name: (prepare(weight), product(x, prepared))`, to multiply `rows` rows by each
     of several [out_features, in_features] weights: 2 to 256 copies, 64 MiB in all where that many fit (more than
     the 32 MiB L3 cache of this project's machines, which would keep part of 32 MiB), so that each call reads its
-    weight from memory as a decoding step does (40-75 ms for three ways)."""
+    weight from memory as a decoding step does (15-25 ms a way)."""
     copies = min(256, max(2, 64 * 2**20 // (out_features * in_features * dtype.itemsize)))
     weights = [torch.ones(out_features, in_features, dtype=dtype, device="cpu") for _ in range(copies)]
     x = torch.ones(rows, in_features, dtype=dtype, device="cpu")
@@ -374,10 +403,10 @@ def _onednn_available(dtype: torch.dtype) -> bool:
 def fastest_few_rows_product(out_features: int, in_features: int, rows: int, dtype=torch.float32) -> str:
     """Which call multiplies `rows` rows by an [out_features, in_features] weight clearly fastest on this machine (the
     plain call unless another is clearly faster): in fp32 "F.linear", "transposed" (`transposed_linear`) or "oneDNN"
-    (`onednn_linear`); in bf16 "F.linear", "packed" (`onednn_linear` from `pack`) or "fp16 weights"
-    (`fp16_weight_linear`). Measured once per shape, row count and dtype, for weights of `MEASURED_BYTES` or more (in
+    (`onednn_linear`); in bf16 "F.linear", "native" (`native_linear`), "packed" (`onednn_linear` from `pack`) or
+    "fp16 weights" (`fp16_weight_linear`). Measured once per shape, row count and dtype, for weights of `MEASURED_BYTES` or more (in
     fp32), on the threads of the decoding step that first asks (1 and 2 threads measured the same choices, up to near
-    ties): 40-75 ms each, which a first `generate()` pays. The row count matters: MKL's matrix-vector path serves one
+    ties): 40-100 ms each, which a first `generate()` pays. The row count matters: MKL's matrix-vector path serves one
     row of the feed-forward's [512, 2048] about as fast as oneDNN on the AMD EPYC, and two to four rows 1.6-1.9x
     slower."""
     if out_features * in_features * torch.float32.itemsize < MEASURED_BYTES:
@@ -388,6 +417,7 @@ def fastest_few_rows_product(out_features: int, in_features: int, rows: int, dty
         if _onednn_available(dtype):
             ways["oneDNN"] = (_as_is, onednn_linear)
     else:
+        ways["native"] = (_as_is, native_linear)
         if _onednn_available(dtype):
             ways["packed"] = (pack, onednn_linear)
         if _fp16_weights_available():

@@ -16,11 +16,15 @@ from transformers_xl.modeling.decoding_linear import MAX_ROWS, linear, linear_la
 
 def refuse_f_linear(monkeypatch, measurement="fastest_few_rows_product", answer="transposed"):
     """As on a machine where `measurement` finds another product than F.linear's the faster one (transposed or
-    oneDNN's for few fp32 rows, packed or fp16 weights for bf16, oneDNN's GEMM for many rows), make the F.linear
-    fallback fail, to prove that a call took that product."""
+    oneDNN's for few fp32 rows, torch's own kernels, packed or fp16 weights for bf16, oneDNN's GEMM for many rows),
+    make the F.linear fallback fail, to prove that a call took that product. (F.linear with oneDNN switched off is
+    torch's own kernels, `native_linear`, and runs.)"""
+    f_linear = F.linear
 
     def refuse(*args, **kwargs):
-        raise AssertionError("F.linear called")
+        if torch.backends.mkldnn.enabled:
+            raise AssertionError("F.linear called")
+        return f_linear(*args, **kwargs)
 
     monkeypatch.setattr(decoding_linear, measurement, lambda *shape_and_threads: answer)
     monkeypatch.setattr(decoding_linear.F, "linear", refuse)
@@ -123,7 +127,7 @@ def test_few_rows_products_are_measured_once_per_shape(monkeypatch):
     side = decoding_linear.MEASURED_BYTES // 4 // 128
     answers = [fastest(side, 128, rows) for rows in (1, 2, 1)] + [fastest(128, side, 1)]
     assert set(answers) <= {"F.linear", "transposed", "oneDNN"}
-    assert fastest(side, 128, 1, torch.bfloat16) in {"F.linear", "packed", "fp16 weights"}  # (a dtype of its own)
+    assert fastest(side, 128, 1, torch.bfloat16) in {"F.linear", "native", "packed", "fp16 weights"}  # (its own dtype)
     assert measured == [(side, 128, 1), (side, 128, 2), (128, side, 1), (side, 128, 1)]
     info = fastest.cache_info()
     assert (info.misses, info.hits) == (4, 1)
@@ -186,7 +190,7 @@ def test_a_tensor_subclass_weight_is_not_read_by_mm():
     torch.testing.assert_close(linear(x, weight).as_subclass(torch.Tensor), x @ weight.as_subclass(torch.Tensor).t())
 
 
-# ---- bf16: products by oneDNN from a packed copy of the weight, or by FBGEMM from an fp16 copy
+# ---- bf16: products by torch's own kernels, by oneDNN from a packed copy of the weight, or by FBGEMM from an fp16 copy
 
 needs_bf16_kernels = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
@@ -195,10 +199,11 @@ needs_bf16_kernels = pytest.mark.skipif(
 needs_fp16_weights = pytest.mark.skipif(
     not decoding_linear._fp16_weights_available(), reason="this CPU or torch build has no FBGEMM fp16-weight products"
 )
-BF16_PRODUCTS = [
+BF16_COPIED_PRODUCTS = [
     pytest.param("packed", marks=needs_bf16_kernels),
     pytest.param("fp16 weights", marks=needs_fp16_weights),
 ]
+BF16_PRODUCTS = ["native", *BF16_COPIED_PRODUCTS]
 
 
 @pytest.mark.parametrize("product", BF16_PRODUCTS)
@@ -215,6 +220,24 @@ def test_bf16_few_rows_products_equal_f_linear(product, shape, out_features, in_
         output = linear_layer(layer, x)
     assert output.dtype == torch.bfloat16 and output.shape == expected.shape and output.is_contiguous()
     torch.testing.assert_close(output.float(), expected, rtol=2e-2, atol=2e-2)  # (bf16 outputs: 8 bits of mantissa)
+
+
+@pytest.mark.parametrize("onednn_before", [True, False])
+def test_native_linear_rounds_once_and_leaves_onednn_as_it_was(onednn_before, monkeypatch):
+    """torch's own bf16 kernels for a few rows: the product of the bf16 numbers summed in fp32 (with the bias) and
+    rounded once, within one bf16 rounding of the exact one; the oneDNN switch is back as it was, also after an
+    error."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", onednn_before)
+    for rows in range(1, MAX_ROWS + 1):
+        x, weight, bias = (torch.randn(*shape, dtype=torch.bfloat16) for shape in ((rows, 512), (96, 512), (96,)))
+        exact = F.linear(x.double(), weight.double(), bias.double())
+        output = decoding_linear.native_linear(x, weight, bias)
+        assert output.dtype == torch.bfloat16 and torch.backends.mkldnn.enabled == onednn_before
+        torch.testing.assert_close(output.double(), exact, rtol=2**-8, atol=1e-6)
+    with pytest.raises(RuntimeError):
+        decoding_linear.native_linear(torch.ones(1, 3, dtype=torch.bfloat16), weight)
+    assert torch.backends.mkldnn.enabled == onednn_before
 
 
 @needs_fp16_weights
@@ -259,7 +282,7 @@ def test_beyond_fp16_without_onednn_bf16_kernels_is_f_linear_exactly(monkeypatch
         assert torch.equal(linear(x, weight), F.linear(x, weight))
 
 
-@pytest.mark.parametrize("product", BF16_PRODUCTS)
+@pytest.mark.parametrize("product", BF16_COPIED_PRODUCTS)
 def test_a_weight_is_copied_once_and_again_after_it_changes(product, monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(16, 48, bias=False).to(torch.bfloat16)
@@ -284,7 +307,7 @@ def test_a_weight_is_copied_once_and_again_after_it_changes(product, monkeypatch
     assert len(decoding_linear._PREPARED) == entries - 1
 
 
-@pytest.mark.parametrize("product", BF16_PRODUCTS)
+@pytest.mark.parametrize("product", BF16_COPIED_PRODUCTS)
 def test_a_weight_written_through_data_is_copied_anew(product, monkeypatch):
     """Writes through `.data` (PEFT merging an adapter, a hand-written SGD step) move no version counter: new
     storage is seen at once, new values in the same storage once a forward starts a memory (`compare_copies_again`)."""
@@ -346,7 +369,7 @@ def test_bf16_with_gradients_or_where_f_linear_is_fastest_is_f_linear_exactly(mo
     x, weight = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(48, 16, dtype=torch.bfloat16)
     monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "F.linear")
     assert torch.equal(linear(x, weight), F.linear(x, weight))
-    for product in ("packed", "fp16 weights"):
+    for product in ("native", "packed", "fp16 weights"):
         monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: product)
         weight.requires_grad_()
         output = linear(x, weight)
@@ -381,7 +404,7 @@ def test_bf16_models_decode_alike_with_each_few_rows_product(model_type, product
 
     monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: "F.linear")
     expected = decode()
-    name = {"packed": "onednn_linear", "fp16 weights": "fp16_weight_linear"}[product]
+    name = {"native": "native_linear", "packed": "onednn_linear", "fp16 weights": "fp16_weight_linear"}[product]
     calls, multiply = [], getattr(decoding_linear, name)
     monkeypatch.setattr(decoding_linear, "fastest_few_rows_product", lambda *shape_and_dtype: product)
     monkeypatch.setattr(decoding_linear, name, lambda *args: calls.append(1) or multiply(*args))
