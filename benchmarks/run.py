@@ -36,7 +36,8 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   eager forward (the memory as a legacy `mems` tuple, and carried from call to call in a `MemoryCache`, as a stream
   is read) against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
   onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
-  decoding per token, eager against int8 and bf16 weights (see `measure_deploy`);
+  decoding per token, eager against int8 and bf16 weights (see `measure_deploy`), there and at the shapes of the
+  pretrained checkpoints, all their layers (`pretrained_decode_cases`);
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
   and again last, the higher kept, and the memory bandwidth of a matrix-vector product (`generation` needs it).
 
@@ -56,6 +57,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,10 +135,28 @@ DECODE_SIDES = ["eager", "int8", "bf16 weights"]
 DEPLOY_PAUSE = 0.05
 
 
+# Decoding calls are short and per-token times on these shared machines move by a third from minute to minute: they
+# alternate this many times the rounds of the segment.
+DECODE_ROUNDS = 3
+PRETRAINED_DECODE = "greedy decoding at a pretrained shape, prompt 64, batch 1"
+
+
 def deploy_cases(quick: bool) -> list[Case]:
     cases = QUICK_CASES if quick else CASES["issue"]
     mem_len = 16 if quick else 128
     return [Case(c.name, c.model, dict(c.config, mem_len=mem_len), batch=1, length=mem_len) for c in cases]
+
+
+def pretrained_decode_cases(quick: bool) -> list[Case]:
+    """Decoding alone at the shapes of transfo-xl-wt103 and xlnet-base-cased, all their layers (random weights):
+    a step there reads far more weight bytes than its fixed work per step costs, as a deployed model's does
+    (transfo-xl-wt103: 285M parameters, 1.1 GB a token in fp32; the issue configuration's 37M read 140 MB), so the
+    bf16 and int8 ratios show what fewer bytes buy. The tiny configurations with --quick."""
+    if quick:
+        return deploy_cases(quick)
+    shapes = {"transfo-xl": hub_shape("transfo-xl-wt103", dropatt=0.0), "xlnet": hub_shape("xlnet-base-cased")}
+    return [Case(f"{name} shape", model, dict(shapes[model], mem_len=128), batch=1, length=16)
+            for name, model in (("transfo-xl-wt103", "transfo-xl"), ("xlnet-base-cased", "xlnet"))]  # fmt: skip
 # Square sizes of the matmul peak (by --quick): MKL's fp32 kernels peak anywhere from 1024 to 4096 on these CPUs.
 PEAK_SIZES = {False: (1024, 2048, 4096), True: (256, 512)}
 # Rows of the matrix-vector bandwidth's [rows, 512] fp32 matrix (by --quick): 64 MiB, far beyond any cache.
@@ -624,15 +644,15 @@ def measure_contention(run: Run):
         print_row(run.rows[-1])
 
 
-def measure_deploy(run: Run, case: Case, folder: Path):
+def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
     """Our eager forward against ONNX Runtime running the exported graph, torch.compile, int8 (every linear layer,
     `quantize_dynamic_int8`) and bf16 weights, on one segment after the memory (`deploy_cases`), each side in a
     worker of its own, alternating; each side's log-probabilities checked against eager's first (max |diff|, which
     also makes the variant: export, compilation, quantization). Then greedy decoding per token, eager against int8
-    and bf16 weights."""
+    and bf16 weights (alone, without `segment`: `pretrained_decode_cases`)."""
     model, sides = MODEL_NAMES[case.model], {}
     workers, differences = {}, {}
-    for side in DEPLOY_SIDES:
+    for side in DEPLOY_SIDES if segment else DECODE_SIDES:
         if side == "compiled" and run.args.quick:  # (minutes of compilation: as the compile workload, not in --quick)
             continue
         worker = run.worker(folder, "ours")
@@ -646,24 +666,27 @@ def measure_deploy(run: Run, case: Case, folder: Path):
     print(f"{case.name} {model}: max |log-probability diff| against eager: "
           + ", ".join(f"{side} {diff:.2e}" for side, diff in differences.items()))  # fmt: skip
 
-    def timed(requests):
+    def timed(requests, rounds):
         runs = {side: (lambda w=workers[side], r=request: w.ask(r)["seconds"]) for side, request in requests.items()}
         try:  # (a pause before each call: ONNX Runtime's threads spin on after its calls, see DEPLOY_PAUSE)
-            return alternate(runs, run.args.rounds, warmup=run.args.warmup, pause=DEPLOY_PAUSE)
+            return alternate(runs, rounds, warmup=run.args.warmup, pause=DEPLOY_PAUSE)
         except WorkerError as error:
             return {side: f"{error}".splitlines()[0][:300] for side in requests}
 
-    segment = {side: {"op": "time", "workload": "eval", "variant": side} for side in workers}
-    values = {**sides, **timed(segment)}
-    workload = f"segment {case.batch} x {case.length}, memory {case.config['mem_len']}"
-    run.add("deploy", case.name, model, workload, "s", {side: values.get(side) for side in DEPLOY_SIDES},
-            tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
-    print_row(run.rows[-1])
+    if segment:
+        requests = {side: {"op": "time", "workload": "eval", "variant": side} for side in workers}
+        values = {**sides, **timed(requests, run.args.rounds)}
+        workload = f"segment {case.batch} x {case.length}, memory {case.config['mem_len']}"
+        run.add("deploy", case.name, model, workload, "s", {side: values.get(side) for side in DEPLOY_SIDES},
+                tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
+        print_row(run.rows[-1])
     new_tokens = 4 if run.args.quick else 16
     decoding = {side: {"op": "decode", "variant": side, "new_tokens": new_tokens} for side in DECODE_SIDES}
-    values = {**sides, **timed({side: request for side, request in decoding.items() if side in workers})}
-    run.add("deploy", case.name, model, "greedy decoding, prompt 64, batch 1", "s/token",
-            {side: values.get(side) for side in DECODE_SIDES})  # fmt: skip
+    decoding = {side: request for side, request in decoding.items() if side in workers}
+    values = {**sides, **timed(decoding, DECODE_ROUNDS * run.args.rounds)}
+    workload = "greedy decoding, prompt 64, batch 1" if segment else PRETRAINED_DECODE
+    run.add("deploy", case.name, model, workload, "s/token", {side: values.get(side) for side in DECODE_SIDES},
+            max_abs_logit_diff=None if segment else differences)  # fmt: skip
     print_row(run.rows[-1])
     for worker in workers.values():
         worker.close()
@@ -917,6 +940,11 @@ def main():
             folder = run.workdir / f"deploy-{index}-{case.model}"
             write_case_folder(case, folder)
             measure_deploy(run, case, folder)
+        for index, case in enumerate(pretrained_decode_cases(args.quick)):
+            folder = run.workdir / f"decode-{index}-{case.model}"
+            write_case_folder(case, folder)
+            measure_deploy(run, case, folder, segment=False)
+            shutil.rmtree(folder)  # (up to 1.1 GB of weights)
     if "generation" in workloads:
         measure_generation(run)
     if "contention" in workloads:

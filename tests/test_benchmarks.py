@@ -43,6 +43,7 @@ EXPECTED = {  # (section, model, workload) -> side names
         for workload, sides in (
             ("segment 1 x 16, memory 16", ["eager", "eager, cache", "onnxruntime", "compiled", "int8", "bf16 weights"]),
             ("greedy decoding, prompt 64, batch 1", ["eager", "int8", "bf16 weights"]),
+            ("greedy decoding at a pretrained shape, prompt 64, batch 1", ["eager", "int8", "bf16 weights"]),
         )
     },
 }
@@ -120,6 +121,9 @@ def check(results, table, legacy_measured, workloads=()):
         assert differences.keys() == {"eager, cache", "int8", "bf16 weights"} | onnx
         assert differences.get("onnxruntime", 0) < 1e-4 and differences["int8"] < 0.1
         assert differences["eager, cache"] < 1e-4  # (its first call: the session's memory, as eager's)
+        pretrained = rows[("deploy", model, "greedy decoding at a pretrained shape, prompt 64, batch 1")]
+        assert pretrained["max_abs_logit_diff"].keys() == {"int8", "bf16 weights"}  # (decoding alone, its variants)
+        assert pretrained["max_abs_logit_diff"]["int8"] < 0.1
     titles = {"throughput": "Throughput (fp32)", "memory": "Peak memory", "bf16": "bf16 autocast",
               "generation": "Generation", "stream": "evaluation of a stream", "deploy": "Deployment",
               "floor": "weight-streaming floor", "contention": "beside other work"}  # fmt: skip
