@@ -11,9 +11,9 @@ same product asked of BLAS as `(W x^T)^T` (`transposed_linear`) and oneDNN's GEM
 (`onednn_linear`); the table gives ms per call (median of rounds), each one's speed-up over F.linear (> 1: faster),
 and which one `fastest_few_rows_product` (its own, shorter measurement) chose on this machine for that shape and
 row count (up to 4 rows). With `--dtype bfloat16` the other sides are the products bf16 decoding steps may take
-instead, oneDNN's from a packed copy of the weight and FBGEMM's from an fp16 copy (`fp16_weight_linear`), and the
-choice is made among those (a bf16 step should take half an fp32 step's time, its weights being half the bytes:
-compare with the fp32 table).
+instead, torch's own kernels with oneDNN off for the call (`native_linear`), oneDNN's from a packed copy of the weight
+and FBGEMM's from an fp16 copy (`fp16_weight_linear`), and the choice is made among those (a bf16 step should take
+half an fp32 step's time, its weights being half the bytes: compare with the fp32 table).
 """
 
 import argparse
@@ -27,6 +27,7 @@ from transformers_xl.modeling.decoding_linear import (
     MAX_ROWS,
     fastest_few_rows_product,
     fp16_weight_linear,
+    native_linear,
     onednn_linear,
     pack,
     pack_fp16,
@@ -67,7 +68,8 @@ def main():
         products = {"transposed": (transposed_linear, lambda weight: weight),
                     "oneDNN": (onednn_linear, lambda weight: weight)}  # fmt: skip
     else:
-        products = {"packed": (onednn_linear, pack), "fp16 weights": (fp16_weight_linear, pack_fp16)}
+        products = {"native": (native_linear, lambda weight: weight), "packed": (onednn_linear, pack),
+                    "fp16 weights": (fp16_weight_linear, pack_fp16)}  # fmt: skip
     print(f"{args.dtype}, ms per call with cold weights, speed-up over F.linear; the product decoding_linear.linear "
           "takes for up to 4 rows on this machine")
     sides = "".join(f"{name:>18}" for name in products)

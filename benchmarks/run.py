@@ -133,8 +133,6 @@ DECODE_SIDES = ["eager", "int8", "bf16 weights"]
 # whatever runs next on the machine's cores: our eager segment took 98-111 ms right after ONNX Runtime's call in one
 # process, 79-80 ms after a 50 ms pause or with the spinning turned off (AMD EPYC, 2 cores, XLNet's deploy case).
 DEPLOY_PAUSE = 0.05
-
-
 # Decoding calls are short and per-token times on these shared machines move by a third from minute to minute: they
 # alternate this many times the rounds of the segment.
 DECODE_ROUNDS = 3
@@ -157,6 +155,8 @@ def pretrained_decode_cases(quick: bool) -> list[Case]:
     shapes = {"transfo-xl": hub_shape("transfo-xl-wt103", dropatt=0.0), "xlnet": hub_shape("xlnet-base-cased")}
     return [Case(f"{name} shape", model, dict(shapes[model], mem_len=128), batch=1, length=16)
             for name, model in (("transfo-xl-wt103", "transfo-xl"), ("xlnet-base-cased", "xlnet"))]  # fmt: skip
+
+
 # Square sizes of the matmul peak (by --quick): MKL's fp32 kernels peak anywhere from 1024 to 4096 on these CPUs.
 PEAK_SIZES = {False: (1024, 2048, 4096), True: (256, 512)}
 # Rows of the matrix-vector bandwidth's [rows, 512] fp32 matrix (by --quick): 64 MiB, far beyond any cache.

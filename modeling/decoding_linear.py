@@ -17,20 +17,19 @@ snapshot that tells when they are stale, see `prepared_weight`).
 
 In bf16 the same few-row products are slow as `F.linear` asks for them (about 11 GB/s of weights on the AMD EPYC, less
 than fp32's transposed product reads twice the bytes at): on a CPU with bf16 instructions torch hands them to oneDNN,
-which builds a primitive for every call. They are faster three ways. torch's own kernels, with oneDNN switched off
-for the call (`native_linear`), stream the weights as they are at 18-22 GB/s for one row and sum in fp32, rounding
-once. The other two multiply by a copy of the weight made on first use and kept as long as the weight lives and is
-not modified (see `prepared_weight`): oneDNN given the weight once in its own blocked layout (`pack`, about 20 GB/s),
-and FBGEMM's fp16-weight products (`pack_fp16`:
-the weight as fp16, multiplied by fp32 rows and summed in fp32; 1.3-2.9x faster than the packed product for the
-models' shapes there). bf16 weights are fp16 numbers when they lie between 2^-17 and 65504 in magnitude (fp16 has
-more mantissa bits and fewer exponent bits), so that product is the bf16 one up to the order of the sums, and up to
-at most 2^-25 per weight below 2^-17 (fp16's subnormals), far under the bf16 output's rounding; a weight beyond
-fp16's range keeps the packed product (`F.linear` without oneDNN's bf16 kernels). `fastest_few_rows_product`
+which builds a primitive for every call. They are faster three ways. torch's own kernels, with oneDNN switched off for
+the call (`native_linear`), stream the weights as they are at 18-22 GB/s for one row and sum in fp32, rounding once. The
+other two multiply by a copy of the weight made on first use and kept as long as the weight lives and is not modified
+(see `prepared_weight`): oneDNN given the weight once in its own blocked layout (`pack`, about 20 GB/s), and FBGEMM's
+fp16-weight products (`pack_fp16`: the weight as fp16, multiplied by fp32 rows and summed in fp32; 1.3-2.9x faster than
+the packed product for the models' shapes there). bf16 weights are fp16 numbers when they lie between 2^-17 and 65504 in
+magnitude (fp16 has more mantissa bits and fewer exponent bits), so that product is the bf16 one up to the order of the
+sums, and up to at most 2^-25 per weight below 2^-17 (fp16's subnormals), far under the bf16 output's rounding; a weight
+beyond fp16's range keeps the packed product (`F.linear` without oneDNN's bf16 kernels). `fastest_few_rows_product`
 measures the four per weight shape and row count as it does fp32's (on the AMD EPYC torch's own kernels win the
-attention's and the feed-forward's single rows, the fp16 weights the output layer's and the rows in twos to fours).
-A kept copy is what a bf16 model pays for them: its weights' memory up to three times (the weights, the copies, and
-the snapshot that tells when a copy is stale).
+attention's and the feed-forward's single rows, the fp16 weights the output layer's and the rows in twos to fours). A
+kept copy is what a bf16 model pays for them: its weights' memory up to three times (the weights, the copies, and the
+snapshot that tells when a copy is stale).
 
 More rows make a real GEMM, and there the BLAS matters again: on the AMD EPYC MKL (torch's BLAS on CPU) runs fp32
 products of 8-2048 rows at 40-150 GFLOP/s where oneDNN, on the same plain weights, reaches 80-190 (the output layer
@@ -404,11 +403,12 @@ def fastest_few_rows_product(out_features: int, in_features: int, rows: int, dty
     """Which call multiplies `rows` rows by an [out_features, in_features] weight clearly fastest on this machine (the
     plain call unless another is clearly faster): in fp32 "F.linear", "transposed" (`transposed_linear`) or "oneDNN"
     (`onednn_linear`); in bf16 "F.linear", "native" (`native_linear`), "packed" (`onednn_linear` from `pack`) or
-    "fp16 weights" (`fp16_weight_linear`). Measured once per shape, row count and dtype, for weights of `MEASURED_BYTES` or more (in
-    fp32), on the threads of the decoding step that first asks (1 and 2 threads measured the same choices, up to near
-    ties): 40-100 ms each, which a first `generate()` pays. The row count matters: MKL's matrix-vector path serves one
-    row of the feed-forward's [512, 2048] about as fast as oneDNN on the AMD EPYC, and two to four rows 1.6-1.9x
-    slower."""
+    "fp16 weights" (`fp16_weight_linear`). Measured once per shape, row count and dtype, for weights of
+    `MEASURED_BYTES` or more (in fp32), on the threads of the decoding step that first asks (1 and 2 threads measured
+    the same choices, up to near ties): 40-100 ms each, which a first `generate()` pays. The row count matters: MKL's
+    matrix-vector path serves one row of the feed-forward's [512, 2048] about as fast as oneDNN on the AMD EPYC, and
+    two to four rows 1.6-1.9x slower; torch's own bf16 kernels are the fastest for one row and among the slowest for
+    two."""
     if out_features * in_features * torch.float32.itemsize < MEASURED_BYTES:
         return "F.linear"
     ways = {"F.linear": (_as_is, F.linear)}
