@@ -60,8 +60,9 @@ from .library_ops import define
 
 
 MAX_ROWS = 4  # 1.3-4.5x faster up to here (bench_linear.py); from about 6 rows on, either call may win
-# Weights smaller than this stay with F.linear unmeasured: they are read from the caches, where the call with the
-# fewest operations is the fastest (and a tiny model's dozens of shapes would each cost a measurement).
+# Weights smaller than this are not measured: they are read from the caches, where the call with the fewest
+# operations is the fastest (and a tiny model's dozens of shapes would each cost a measurement): F.linear in fp32,
+# torch's own kernels in bf16.
 MEASURED_BYTES = 256 * 2**10
 
 
@@ -410,7 +411,9 @@ def fastest_few_rows_product(out_features: int, in_features: int, rows: int, dty
     two to four rows 1.6-1.9x slower; torch's own bf16 kernels are the fastest for one row and among the slowest for
     two."""
     if out_features * in_features * torch.float32.itemsize < MEASURED_BYTES:
-        return "F.linear"
+        # (in bf16 torch's own kernels: oneDNN's primitive for each call costs more than such a weight's product,
+        # 21-26 us against 7-12 for [128-512, 128-512] on the AMD EPYC)
+        return "F.linear" if dtype == torch.float32 else "native"
     ways = {"F.linear": (_as_is, F.linear)}
     if dtype == torch.float32:
         ways["transposed"] = (_as_is, transposed_linear)
