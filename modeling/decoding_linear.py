@@ -48,6 +48,7 @@ runs whatever they put there.
 """
 
 import functools
+import threading
 import time
 from typing import Optional
 
@@ -253,17 +254,37 @@ onednn_linear_op = define(__package__ or __name__, "onednn_linear", _onednn_line
                           _onednn_linear_backward, _setup_onednn_linear)  # fmt: skip
 
 
+class _OneDNNSwitchedOff:
+    """A context in which oneDNN is switched off. The switch, `torch.backends.mkldnn.enabled`, is the process's: the
+    first thread to enter saves it and the last to leave restores it, so threads decoding at once leave it as they
+    found it (each restoring its own saved value would leave it off whenever two calls overlap). An operation another
+    thread runs meanwhile may skip oneDNN too, which changes its speed, and at most the order of its sums."""
+
+    def __init__(self):
+        self.lock, self.inside, self.saved = threading.Lock(), 0, True
+
+    def __enter__(self):
+        with self.lock:
+            if self.inside == 0:
+                self.saved = torch.backends.mkldnn.enabled
+                torch.backends.mkldnn.enabled = False
+            self.inside += 1
+
+    def __exit__(self, *exception):
+        with self.lock:
+            self.inside -= 1
+            if self.inside == 0:
+                torch.backends.mkldnn.enabled = self.saved
+
+
+onednn_switched_off = _OneDNNSwitchedOff()
+
+
 def native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` by torch's own CPU kernels: oneDNN switched off for the call (and back to what it
-    was), which for a few bf16 rows sum in fp32 and round once. (The switch, `torch.backends.mkldnn.enabled`, is the
-    process's: an operation another thread runs meanwhile may skip oneDNN too, which changes its speed, and at most
-    the order of its sums.)"""
-    enabled = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
+    """`F.linear(x, weight, bias)` by torch's own CPU kernels, oneDNN switched off for the call: for a few bf16 rows
+    they sum in fp32 and round once."""
+    with onednn_switched_off:
         return F.linear(x, weight, bias)
-    finally:
-        torch.backends.mkldnn.enabled = enabled
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -241,6 +241,31 @@ def test_native_linear_rounds_once_and_leaves_onednn_as_it_was(onednn_before, mo
     assert torch.backends.mkldnn.enabled == onednn_before
 
 
+def test_overlapping_native_products_in_two_threads_leave_onednn_as_it_was(monkeypatch):
+    """Two threads' products overlapping, the first to start finishing first: oneDNN stays off until both are done,
+    and is on again afterwards."""
+    import threading
+
+    started, first_done = threading.Event(), threading.Event()
+    seen, f_linear = {}, F.linear
+
+    def first(*args):  # (the first thread's product, held until the second is inside)
+        started.set()
+        first_done.wait(5)
+        return f_linear(*args)
+
+    monkeypatch.setattr(decoding_linear.F, "linear", first)
+    x, weight = torch.randn(1, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
+    thread = threading.Thread(target=decoding_linear.native_linear, args=(x, weight))
+    thread.start()
+    assert started.wait(5)
+    with decoding_linear.onednn_switched_off:  # (the second thread: inside while the first finishes)
+        first_done.set()
+        thread.join(5)
+        seen["while the second is inside"] = torch.backends.mkldnn.enabled
+    assert seen == {"while the second is inside": False} and torch.backends.mkldnn.enabled
+
+
 @needs_fp16_weights
 def test_fp16_weights_are_the_bf16_weights_where_fp16_holds_them(monkeypatch):
     """bf16 weights from 2^-17 to 65504 are fp16 numbers: the product is the fp32 one of the same numbers, rounded
