@@ -295,14 +295,8 @@ def products_alone(calls, passes):
             linear(x, weight, bias)
 
     def timed():
-        threads = torch.get_num_threads()
-        if decoding_threads.DECODING_THREADS is not None:  # (as `on_decoding_threads` sets them)
-            torch.set_num_threads(min(threads, decoding_threads.decoding_threads()))
-        try:
-            with torch.inference_mode():
-                return statistics.median(seconds(run) for _ in range(passes))
-        finally:
-            torch.set_num_threads(threads)
+        with decoding_threads.on_a_decoding_step_threads(), torch.inference_mode():
+            return statistics.median(seconds(run) for _ in range(passes))
 
     return timed
 

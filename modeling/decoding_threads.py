@@ -14,6 +14,7 @@ read (the first step, or the first after a pause), the threads other processes h
 until one has passed. Where `/proc/stat` cannot be read a step runs on one thread.
 """
 
+import contextlib
 import functools
 import inspect
 import math
@@ -129,6 +130,22 @@ def decoding_threads() -> int:
     )
 
 
+@contextlib.contextmanager
+def on_a_decoding_step_threads():
+    """torch's thread count set to a decoding step's for the block (`decoding_threads()`, where that is fewer than
+    torch's setting and `DECODING_THREADS` is not None), and restored after it."""
+    previous = torch.get_num_threads()
+    threads = previous if DECODING_THREADS is None else min(previous, decoding_threads())
+    if threads == previous:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def on_decoding_threads(forward):
     """Decorator of a language model's `forward(input_ids, ..., cache=...)`: a decoding step (a cache, at most
     `DECODING_STEP_TOKENS` input ids, on CPU, no gradients) runs on `decoding_threads()` threads when that is fewer
@@ -148,15 +165,8 @@ def on_decoding_threads(forward):
             or input_ids.device.type != "cpu"
         ):
             return forward(*args, **kwargs)
-        previous = torch.get_num_threads()
-        threads = decoding_threads()
-        if threads >= previous:
+        with on_a_decoding_step_threads():
             return forward(*args, **kwargs)
-        torch.set_num_threads(threads)
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            torch.set_num_threads(previous)
 
     # (generate() reads the signature of the forward at every step: given, it is not worked out from `forward` again)
     wrapper.__signature__ = signature
