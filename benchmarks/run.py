@@ -37,7 +37,8 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   is read) against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
   onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
   decoding per token, eager against int8 and bf16 weights (see `measure_deploy`), there and at the shapes of the
-  pretrained checkpoints, all their layers (`pretrained_decode_cases`);
+  pretrained checkpoints, all their layers (`pretrained_decode_cases`); each decoding row is split, eager and bf16,
+  into its products (one step's, run alone) and the rest of the step (`split_cells`);
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
   and again last, the higher kept, and the memory bandwidth of a matrix-vector product (`generation` needs it).
 
@@ -129,6 +130,10 @@ WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "c
 # call to call in a MemoryCache, as a stream is read in eager mode (`transformers-xl evaluate`'s loop).
 DEPLOY_SIDES = ["eager", "eager, cache", "onnxruntime", "compiled", "int8", "bf16 weights"]
 DECODE_SIDES = ["eager", "int8", "bf16 weights"]
+# The decoding sides whose steps are split into their products and the rest ("decode split"), and the bf16 speed-up
+# the issue asks of decoding, whose rest of a step that split weighs.
+SPLIT_SIDES = ["eager", "bf16 weights"]
+BF16_DECODING_TARGET = 1.6
 # Seconds between two deploy calls. ONNX Runtime's threads spin for milliseconds after a call returns, and slow
 # whatever runs next on the machine's cores: our eager segment took 98-111 ms right after ONNX Runtime's call in one
 # process, 79-80 ms after a 50 ms pause or with the spinning turned off (AMD EPYC, 2 cores, XLNet's deploy case).
@@ -197,6 +202,7 @@ class Session:
         self.optimizer = None
         self.compiled = None
         self.deployed = {}  # the deploy workload's variants, made on first use
+        self.step_products = {}  # variant -> the products of one of its decoding steps (`decode_products`)
 
     def ask(self, request: dict) -> dict:
         if request["op"] == "time":
@@ -214,6 +220,8 @@ class Session:
             return {"max_abs_diff": (actual - expected).abs().max().item()}
         if request["op"] == "decode":
             return {"seconds": self.decode(self.variant(request["variant"]), request["new_tokens"])}
+        if request["op"] == "decode_products":
+            return {"seconds": self.decode_products(request["variant"], request["new_tokens"])}
         raise ValueError(f"unknown request {request}")
 
     def variant(self, name):
@@ -238,11 +246,27 @@ class Session:
 
     def decode(self, model, new_tokens):
         """Seconds per new token of greedy decoding from a 64-token prompt, batch 1 (bench_generation's clock)."""
-        from bench_generation import make_generate, random_prompt, seconds_per_token
+        from bench_generation import make_generate, seconds_per_token
+
+        prompt, extra = self.decode_inputs()
+        return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
+
+    def decode_products(self, variant, new_tokens):
+        """Seconds of the products of one of `decode`'s steps run alone (`bench_generation.products_alone`, over as
+        many passes as `decode` has intervals): what the step spends reading its weights, the rest left out."""
+        from bench_generation import products_alone, step_products
+
+        if variant not in self.step_products:  # (recorded once, from a real step of the variant)
+            prompt, extra = self.decode_inputs()
+            self.step_products[variant] = step_products(self.variant(variant), prompt, **extra)
+        return products_alone(self.step_products[variant], passes=new_tokens - 1)()
+
+    def decode_inputs(self):
+        """(prompt, generate's keywords) of `decode`."""
+        from bench_generation import random_prompt
 
         extra = {"use_mems": True} if self.extra else {"attention_mask": None}
-        prompt = random_prompt(64, self.model.config.vocab_size)
-        return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
+        return random_prompt(64, self.model.config.vocab_size), extra
 
     def evaluate(self, model):
         """Log-probabilities of the second segment after the memory (inference mode)."""
@@ -667,26 +691,34 @@ def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
           + ", ".join(f"{side} {diff:.2e}" for side, diff in differences.items()))  # fmt: skip
 
     def timed(requests, rounds):
-        runs = {side: (lambda w=workers[side], r=request: w.ask(r)["seconds"]) for side, request in requests.items()}
+        """{name: seconds} of `requests` ({name: (side, request)}: the side's worker answers), alternating."""
+        runs = {name: (lambda w=workers[side], r=request: w.ask(r)["seconds"])
+                for name, (side, request) in requests.items()}  # fmt: skip
         try:  # (a pause before each call: ONNX Runtime's threads spin on after its calls, see DEPLOY_PAUSE)
             return alternate(runs, rounds, warmup=run.args.warmup, pause=DEPLOY_PAUSE)
         except WorkerError as error:
-            return {side: f"{error}".splitlines()[0][:300] for side in requests}
+            return {name: f"{error}".splitlines()[0][:300] for name in requests}
 
     if segment:
-        requests = {side: {"op": "time", "workload": "eval", "variant": side} for side in workers}
+        requests = {side: (side, {"op": "time", "workload": "eval", "variant": side}) for side in workers}
         values = {**sides, **timed(requests, run.args.rounds)}
         workload = f"segment {case.batch} x {case.length}, memory {case.config['mem_len']}"
         run.add("deploy", case.name, model, workload, "s", {side: values.get(side) for side in DEPLOY_SIDES},
                 tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
         print_row(run.rows[-1])
     new_tokens = 4 if run.args.quick else 16
-    decoding = {side: {"op": "decode", "variant": side, "new_tokens": new_tokens} for side in DECODE_SIDES}
-    decoding = {side: request for side, request in decoding.items() if side in workers}
+    decoding = {side: (side, {"op": "decode", "variant": side, "new_tokens": new_tokens}) for side in DECODE_SIDES}
+    for side in SPLIT_SIDES:  # (each alternating with the steps: the products of one of them, run alone)
+        decoding[f"{side}, products alone"] = (side, {"op": "decode_products", "variant": side,
+                                                      "new_tokens": new_tokens})  # fmt: skip
+    decoding = {name: request for name, request in decoding.items() if request[0] in workers}
     values = {**sides, **timed(decoding, DECODE_ROUNDS * run.args.rounds)}
     workload = "greedy decoding, prompt 64, batch 1" if segment else PRETRAINED_DECODE
     run.add("deploy", case.name, model, workload, "s/token", {side: values.get(side) for side in DECODE_SIDES},
             max_abs_logit_diff=None if segment else differences)  # fmt: skip
+    print_row(run.rows[-1])
+    split = {name: values.get(name) for side in SPLIT_SIDES for name in (side, f"{side}, products alone")}
+    run.add("decode split", case.name, model, workload, "s/token", split)
     print_row(run.rows[-1])
     for worker in workers.values():
         worker.close()
@@ -779,6 +811,11 @@ def cell(side, row):
 
 
 def print_row(row):
+    if row["section"] == "decode split":  # (ms and the rests, as its table has them)
+        cells = zip(SECTIONS["decode split"][1][3:], split_cells(row))
+        cells = " | ".join(f"{header}: {text}" for header, text in cells)
+        print(f"[decode split] {row['config']} {row['model']} {row['workload']}: {cells}")
+        return
     cells = " | ".join(f"{name}: {cell(side, row)}" for name, side in row["sides"].items())
     r = row["ratio"]
     ratio_text = "" if r is None else f" | {r:.2f}x"
@@ -811,6 +848,12 @@ SECTIONS = {
     "deploy": ("Deployment, batch 1: tokens/s (segment) or new tokens/s (decoding), median / best, (speed-up over "
                "eager); eager time / ONNX Runtime time (target <= 1.25), with the memory as `mems` and in a cache",
                ["configuration", "model", "workload", *DEPLOY_SIDES, "eager / ORT", "eager, cache / ORT"]),
+    "decode split": ("Where a decoding step's time goes (the deploy workload's decoding): ms per new token, medians, "
+                     "of the step and of one of its steps' products run alone, alternating with the steps; the rest "
+                     f"= step - products; the rest of a step (the same in both dtypes) under which bf16 weights "
+                     f"would decode {BF16_DECODING_TARGET}x as fast as fp32, with the products as measured",
+                     ["configuration", "model", "workload", "eager: step / products", "bf16 weights: step / products",
+                      "bf16 speed-up: step / products", "rest: eager / bf16", f"rest for {BF16_DECODING_TARGET}x"]),
 }  # fmt: skip
 
 
@@ -835,6 +878,23 @@ def deploy_cells(row) -> list[str]:
     return cells
 
 
+def split_cells(row) -> list[str]:
+    """A decode split row's cells (see SECTIONS): steps and products alone in ms, bf16's speed-ups, the rests."""
+    medians = {name: side.get("median") for name, side in row["sides"].items()}
+    if None in medians.values():
+        return ["-"] * 5
+    step, products = ([medians[f"{side}{part}"] for side in SPLIT_SIDES] for part in ("", ", products alone"))
+    rest = [s - p for s, p in zip(step, products)]
+    target = BF16_DECODING_TARGET
+    needed = (products[0] - target * products[1]) / (target - 1)  # (p32 + r) / (p16 + r) = target
+    return [
+        *(f"{step[i] * 1e3:.2f} / {products[i] * 1e3:.2f}" for i in range(2)),
+        f"{step[0] / step[1]:.2f}x / {products[0] / products[1]:.2f}x",
+        f"{rest[0] * 1e3:.2f} / {rest[1] * 1e3:.2f}",
+        f"{needed * 1e3:.2f}" if needed > 0 else "none: products alone fall short",
+    ]
+
+
 def markdown(run: Run) -> str:
     lines = [
         f"{cpu_model()}; torch {torch.__version__}, {run.args.threads} threads; matmul peak "
@@ -847,9 +907,9 @@ def markdown(run: Run) -> str:
             continue
         lines += ["", f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
-            if section == "deploy":
-                cells = [row["config"], row["model"], row["workload"], *deploy_cells(row)]
-                lines.append("| " + " | ".join(cells) + " |")
+            if section in ("deploy", "decode split"):
+                row_cells = deploy_cells(row) if section == "deploy" else split_cells(row)
+                lines.append("| " + " | ".join([row["config"], row["model"], row["workload"], *row_cells]) + " |")
                 continue
             sides = list(row["sides"].items())
             other_name, other = sides[1] if len(sides) > 1 else ("", {"status": "not measured"})

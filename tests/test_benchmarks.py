@@ -46,6 +46,13 @@ EXPECTED = {  # (section, model, workload) -> side names
             ("greedy decoding at a pretrained shape, prompt 64, batch 1", ["eager", "int8", "bf16 weights"]),
         )
     },
+    **{
+        ("decode split", model, workload): ["eager", "eager, products alone", "bf16 weights",
+                                            "bf16 weights, products alone"]
+        for model in ("Transformer-XL", "XLNet")
+        for workload in ("greedy decoding, prompt 64, batch 1",
+                         "greedy decoding at a pretrained shape, prompt 64, batch 1")  # fmt: skip
+    },
 }
 LEGACY_SIDES = {"transformers 4.37.2", "legacy 4.37.2"}
 NOT_IN_QUICK = {"compiled"}  # (the deploy workload's torch.compile side)
@@ -61,7 +68,8 @@ else:
 # The workloads with a legacy side, which the run without the legacy venv must report as not measured (the others
 # run with it, in the run with the legacy venv).
 LEGACY_WORKLOADS = ["peak", "throughput", "memory", "generation", "contention"]
-SECTIONS = {"peak": [], "generation": ["generation", "floor"]}  # workload -> its sections, where they differ
+# workload -> its sections, where they differ
+SECTIONS = {"peak": [], "generation": ["generation", "floor"], "deploy": ["deploy", "decode split"]}
 
 
 def run_quick(tmp_path, legacy_python, workloads=()):
@@ -124,9 +132,17 @@ def check(results, table, legacy_measured, workloads=()):
         pretrained = rows[("deploy", model, "greedy decoding at a pretrained shape, prompt 64, batch 1")]
         assert pretrained["max_abs_logit_diff"].keys() == {"int8", "bf16 weights"}  # (decoding alone, its variants)
         assert pretrained["max_abs_logit_diff"]["int8"] < 0.1
+        for key in (key for key in EXPECTED if key[:2] == ("decode split", model)):  # (steps less their products)
+            row = rows[key]
+            medians = {name: side["median"] for name, side in row["sides"].items()}
+            rest = medians["bf16 weights"] - medians["bf16 weights, products alone"]
+            line = [line for line in table.splitlines() if line.startswith(f"| {row['config']} | {model} | {key[2]} |")
+                    and line.count("|") == 9]  # fmt: skip
+            assert len(line) == 1 and f" / {rest * 1e3:.2f} | " in line[0], line
     titles = {"throughput": "Throughput (fp32)", "memory": "Peak memory", "bf16": "bf16 autocast",
               "generation": "Generation", "stream": "evaluation of a stream", "deploy": "Deployment",
-              "floor": "weight-streaming floor", "contention": "beside other work"}  # fmt: skip
+              "floor": "weight-streaming floor", "contention": "beside other work",
+              "decode split": "Where a decoding step's time goes"}  # fmt: skip
     for section, title in titles.items():
         assert (title in table) == (section in sections), title
     assert results["cpu"] and results["cpu"] in table.splitlines()[0]
