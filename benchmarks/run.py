@@ -37,8 +37,9 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   is read) against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
   onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
   decoding per token, eager against int8 and bf16 weights (see `measure_deploy`), there and at the shapes of the
-  pretrained checkpoints, all their layers (`pretrained_decode_cases`); each decoding row is split, eager and bf16,
-  into its products (one step's, run alone) and the rest of the step (`split_cells`);
+  pretrained checkpoints, all their layers (`pretrained_decode_cases`), on `--threads` threads (`on_torch_threads`);
+  each decoding row is split, eager and bf16, into its products (one step's, run alone) and the rest of the step
+  (`split_cells`);
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
   and again last, the higher kept, and the memory bandwidth of a matrix-vector product (`generation` needs it).
 
@@ -55,6 +56,7 @@ default DIR: benchmark-results.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -249,7 +251,8 @@ class Session:
         from bench_generation import make_generate, seconds_per_token
 
         prompt, extra = self.decode_inputs()
-        return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
+        with on_torch_threads():
+            return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
 
     def decode_products(self, variant, new_tokens):
         """Seconds of the products of one of `decode`'s steps run alone (`bench_generation.products_alone`, over as
@@ -259,7 +262,8 @@ class Session:
         if variant not in self.step_products:  # (recorded once, from a real step of the variant)
             prompt, extra = self.decode_inputs()
             self.step_products[variant] = step_products(self.variant(variant), prompt, **extra)
-        return products_alone(self.step_products[variant], passes=new_tokens - 1)()
+        with on_torch_threads():
+            return products_alone(self.step_products[variant], passes=new_tokens - 1)()
 
     def decode_inputs(self):
         """(prompt, generate's keywords) of `decode`."""
@@ -298,6 +302,21 @@ class Session:
         Path("/proc/self/clear_refs").write_text("5")
         self.train_step(self.model)
         return resident_bytes("VmHWM") - before
+
+
+@contextlib.contextmanager
+def on_torch_threads():
+    """Decoding steps on torch's thread count (`--threads`) for the block, not on the cores other processes left idle
+    (`decoding_threads.DECODING_THREADS`): the deploy workload's sides take turns in workers of their own, and a
+    worker would count the calls the others made just before its own as load on a core, so that the order of a
+    round would choose its threads (the products of a 285M-parameter step alone took 27-29 ms or 46-51 ms, by turn)."""
+    from transformers_xl.modeling import decoding_threads
+
+    policy, decoding_threads.DECODING_THREADS = decoding_threads.DECODING_THREADS, None
+    try:
+        yield
+    finally:
+        decoding_threads.DECODING_THREADS = policy
 
 
 def int8_model(session):
