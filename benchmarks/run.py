@@ -132,8 +132,8 @@ WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "c
 # call to call in a MemoryCache, as a stream is read in eager mode (`transformers-xl evaluate`'s loop).
 DEPLOY_SIDES = ["eager", "eager, cache", "onnxruntime", "compiled", "int8", "bf16 weights"]
 DECODE_SIDES = ["eager", "int8", "bf16 weights"]
-# The decoding sides whose steps are split into their products and the rest ("decode split"), and the bf16 speed-up
-# the issue asks of decoding, whose rest of a step that split weighs.
+# The decoding sides whose steps are split into their products and the rest ("decode split"), and bf16's decoding
+# target (#22), against which the split reports the rest of a step that would meet it.
 SPLIT_SIDES = ["eager", "bf16 weights"]
 BF16_DECODING_TARGET = 1.6
 # Seconds between two deploy calls. ONNX Runtime's threads spin for milliseconds after a call returns, and slow

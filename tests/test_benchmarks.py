@@ -265,3 +265,27 @@ def test_alternate_reverses_the_order_every_other_round():
     values = alternate(runs, rounds=3, warmup=1)
     assert calls == list("ABC" "ABC" "CBA" "ABC")
     assert list(values) == list("ABC") and values["A"] == [4, 9, 10] and values["C"] == [6, 7, 12]
+
+
+def test_deploy_decoding_runs_on_torch_threads_whatever_the_other_processes_did(monkeypatch):
+    """The deploy workload's decoding sides take turns in workers: inside `on_torch_threads` a decoding step keeps
+    torch's thread count even where `IdleCores` saw the other workers' calls as load, and the policy comes back after
+    the block, also after an error."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import run
+
+    from transformers_xl.modeling import decoding_threads
+
+    monkeypatch.setattr(decoding_threads, "idle_cores", lambda: 1)  # (the other workers' calls counted as load)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with decoding_threads.on_a_decoding_step_threads():
+            assert torch.get_num_threads() == 1
+        with pytest.raises(RuntimeError), run.on_torch_threads():
+            with decoding_threads.on_a_decoding_step_threads():
+                assert torch.get_num_threads() == 2
+            raise RuntimeError("a failed call")
+        assert decoding_threads.DECODING_THREADS == "idle cores"
+    finally:
+        torch.set_num_threads(previous)
