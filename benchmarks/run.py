@@ -259,10 +259,10 @@ class Session:
         many passes as `decode` has intervals): what the step spends reading its weights, the rest left out."""
         from bench_generation import products_alone, step_products
 
-        if variant not in self.step_products:  # (recorded once, from a real step of the variant)
-            prompt, extra = self.decode_inputs()
-            self.step_products[variant] = step_products(self.variant(variant), prompt, **extra)
-        with on_torch_threads():
+        with on_torch_threads():  # (the recording step too: a first step measures its products' choices)
+            if variant not in self.step_products:  # (recorded once, from a real step of the variant)
+                prompt, extra = self.decode_inputs()
+                self.step_products[variant] = step_products(self.variant(variant), prompt, **extra)
             return products_alone(self.step_products[variant], passes=new_tokens - 1)()
 
     def decode_inputs(self):
