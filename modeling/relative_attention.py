@@ -736,6 +736,37 @@ def _sum_to(gradient, like):
     return gradient.sum(dims, keepdim=True) if dims else gradient
 
 
+def eager_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
+    **kwargs,
+):
+    """Relative attention written out, the reference the fused implementations ("sdpa", "flex_attention") match.
+
+    The call convention is transformers' attention interface (`ALL_ATTENTION_FUNCTIONS`), with the relative terms
+    riding along as `position_bias`, as transformers' own sdpa / flex functions take it:
+    - query [B, H, q, D], already holding the content bias: `q + u`, so `query @ key` is terms (a)+(c);
+    - key, value [B, H, k, D] over [memory; segment];
+    - position_bias [B, H, q, k]: terms (b)+(d) after the relative shift (and XLNet's segment term), already scaled;
+    - attention_mask: boolean [B or 1, 1, q, k], True where query i may attend to key j; or None.
+    Returns (output [B, q, H, D], probabilities [B, H, q, k]).
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (a) + (c), scaled
+    if position_bias is not None:
+        scores = scores + position_bias  # + (b) + (d) [+ segment term]
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
 def causal_memory_mask(
     query_length: int,
     memory_length: int,
