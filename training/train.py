@@ -24,27 +24,35 @@ test) file, and OUTPUT_DIR holds the model and its tokenizer, ready for `AutoMod
 import argparse
 import hashlib
 import json
+import math
 import os
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..conversion.publish import _umask_permissions
 from .arguments import non_negative_int, positive_float, positive_int
-from .corpus import CorpusError, check_readable, count_vocabulary, encode_file
+from .corpus import CorpusError, check_encoded, check_readable, check_vocabulary, count_vocabulary, encode_file
 from .evaluate import config_settings, evaluate_stream
-from .memory_trainer import MemoryTrainer
+from .memory_trainer import STAGING, MemoryTrainer, last_complete_checkpoint
 from .recipes import RECIPES, learning_rate_factor, scaled
+from .run_folder import CORPUS, OutputFolderError, RunFolder, is_corpus_cache
 from .streams import TextStream
 
-CORPUS_FOLDER = "corpus"
+INTERRUPTED = 130  # the exit status of a run stopped with Ctrl-C (128 + SIGINT)
 
 
 class TrainingError(ValueError):
     """Options, files or folders that cannot be used, said in one line."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the message says at which step and how to resume."""
 
 
 def _cutoffs(text):
@@ -78,6 +86,8 @@ def add_arguments(parser):
     parser.add_argument("--cutoffs", type=_cutoffs, help="adaptive softmax cutoffs, e.g. 1000,5000, or none")
     parser.add_argument("--min-freq", type=non_negative_int, default=0, help="drop words seen fewer times (default: 0)")
     parser.add_argument("--max-size", type=positive_int, help="keep at most this many counted words")
+    parser.add_argument("--allow-unknown", action="store_true",
+                        help="train even when more than half of the symbols of a file are not in the vocabulary")  # fmt: skip
     parser.add_argument("--varlen", action="store_true", help="segment lengths drawn like the original --varlen")
     parser.add_argument("--bf16", action="store_true", help="train and evaluate under bfloat16 autocast")
     parser.add_argument("--save-steps", type=positive_int, default=1000, help="checkpoint every N steps (default: 1000)")
@@ -91,8 +101,10 @@ def add_arguments(parser):
         "spinning while they wait for a core",
     )  # fmt: skip
     existing = parser.add_mutually_exclusive_group()
-    existing.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    existing.add_argument("--overwrite", action="store_true", help="start again in an existing --output-dir")
+    existing.add_argument("--resume", action="store_true",
+                          help="continue from the last complete checkpoint of the run in --output-dir")  # fmt: skip
+    existing.add_argument("--overwrite", action="store_true",
+                          help="start the run in --output-dir again (removes only what train wrote there)")  # fmt: skip
 
 
 def run(args) -> int:
@@ -100,10 +112,21 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     try:
         plan = prepare(args)
-        results = train(plan)
-    except (TrainingError, CorpusError) as error:
-        print(f"transformers-xl train: {error}", file=sys.stderr)
-        return 2
+        with plan["folder"].locked() if plan["main"] else _no_lock(plan["folder"]):
+            results = train_in_folder(plan)
+    except (TrainingError, CorpusError, OutputFolderError) as error:
+        return _fail(str(error))
+    except KeyboardInterrupt as interrupted:
+        _fail(str(interrupted) if isinstance(interrupted, TrainingInterrupted) else "interrupted before training "
+              "started; run the command again to start.")  # fmt: skip
+        return INTERRUPTED
+    except SafetensorError as error:
+        return _fail(f"writing or reading weights in {args.output_dir} failed: {error}")
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else f"{args.output_dir}: "
+        return _fail(f"{where}{error.strerror or error}")
+    if results is None:
+        return 0
     for name, result in results.items():
         print(f"{name}: loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | "
               f"bits per {result['unit']} {result['loss'] / np.log(2):.4f}")  # fmt: skip
@@ -111,11 +134,29 @@ def run(args) -> int:
     return 0
 
 
+def _fail(message: str) -> int:
+    print(f"transformers-xl train: {message}", file=sys.stderr)
+    return 2
+
+
+class _no_lock:
+    """The other processes of an `accelerate launch`: the main one holds the lock."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __enter__(self):
+        return self.folder
+
+    def __exit__(self, *exception):
+        pass
+
+
 # --- the plan: recipe, output folder, corpus ---------------------------------------------------------------------
 
 
 def prepare(args) -> dict:
-    """Everything checked and the corpus encoded (or read from the cache) before any training starts."""
+    """Options and input files checked, nothing written: the plan of the run."""
     recipe = scaled(RECIPES[args.recipe], args.scale)
     tgt_len = args.tgt_len or recipe.tgt_len
     recipe = replace(
@@ -133,19 +174,64 @@ def prepare(args) -> dict:
     output = Path(args.output_dir)
     if output.exists() and not output.is_dir():
         raise TrainingError(f"--output-dir {output} is a file; expected a folder (created if missing).")
+    for option, path in [*((f"--{split}-file", path) for split, path in files.items()), ("--vocab", vocab_file)]:
+        if path is not None and output.resolve() in (path.resolve(), *path.resolve().parents):
+            raise TrainingError(f"--output-dir {output} holds {option} {path}; pick an output folder apart from the "
+                                "inputs (train would write over them).")  # fmt: skip
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     if recipe.batch_size % processes:
         raise TrainingError(f"--batch-size {recipe.batch_size} does not split over {processes} processes.")
     training_args = training_arguments(args, recipe, output, processes)
-    with training_args.main_process_first(desc="the output folder and the corpus"):  # (one process writes them)
-        prepare_output_folder(output, args.resume, args.overwrite)
-        symbols, streams = load_corpus(recipe, files, vocab_file, args, output / CORPUS_FOLDER)
+    mem_len = tgt_len if args.mem_len is None else args.mem_len
     cutoffs = args.cutoffs if args.cutoffs is not None else recipe.model.get("cutoffs", [])
-    check_cutoffs(recipe, cutoffs, len(symbols), args.cutoffs is not None)
-    check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], processes))
-    return {"args": args, "recipe": recipe, "symbols": symbols, "streams": streams, "cutoffs": cutoffs,
-            "output": output, "mem_len": tgt_len if args.mem_len is None else args.mem_len,
-            "training_args": training_args, "processes": processes}  # fmt: skip
+    settings = {
+        "recipe": recipe.name, "scale": args.scale, "batch_size": recipe.batch_size, "tgt_len": tgt_len,
+        "mem_len": mem_len, "eval_tgt_len": recipe.eval_tgt_len, "learning_rate": recipe.learning_rate,
+        "warmup_steps": recipe.warmup_steps, "max_steps": recipe.max_steps, "cutoffs": cutoffs,
+        "min_freq": args.min_freq, "max_size": args.max_size, "varlen": args.varlen, "bf16": args.bf16,
+        "processes": processes, "files": {split: _content(path) for split, path in files.items()},
+        "vocab": _content(vocab_file) if vocab_file else None,
+    }  # fmt: skip
+    return {"args": args, "recipe": recipe, "files": files, "vocab_file": vocab_file, "cutoffs": cutoffs,
+            "output": output, "folder": RunFolder(output), "mem_len": mem_len, "settings": settings,
+            "training_args": training_args, "processes": processes, "main": training_args.process_index == 0}  # fmt: skip
+
+
+def open_output(plan):
+    """The folder opened for the run (fresh, overwritten or resumed), the corpus encoded or read from the cache and
+    checked, and for a resume the checkpoint to continue; a failure leaves no folder this run created."""
+    args, recipe, folder = plan["args"], plan["recipe"], plan["folder"]
+    try:
+        with plan["training_args"].main_process_first(desc="the output folder and the corpus"):  # (one writes them)
+            if plan["main"]:
+                folder.open(plan["settings"], args.resume, args.overwrite)
+            else:
+                folder.marker = folder.read_marker()
+            symbols, streams = load_corpus(recipe, plan["files"], plan["vocab_file"], args, folder)
+    except BaseException:
+        if plan["main"]:
+            folder.discard()
+        raise
+    check_cutoffs(recipe, plan["cutoffs"], len(symbols), args.cutoffs is not None)
+    check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], plan["processes"]))
+    return {**plan, "symbols": symbols, "streams": streams, "checkpoint": resume_checkpoint(plan) if args.resume else None}
+
+
+def resume_checkpoint(plan) -> Path:
+    """The last complete checkpoint of the run, said on stderr with the incomplete ones skipped."""
+    output = plan["output"]
+    checkpoint, skipped = last_complete_checkpoint(output)
+    for path, problem in skipped if plan["main"] else []:
+        _say(f"--resume: skipped the incomplete checkpoint {path} ({problem})")
+    if checkpoint is None:
+        raise TrainingError(f"--resume: {output} holds no complete checkpoint to resume from.")
+    if plan["main"]:
+        _say(f"--resume: continuing from {checkpoint} (step {_step(Path(checkpoint))} of {plan['recipe'].max_steps})")
+    return Path(checkpoint)
+
+
+def _say(message: str):
+    print(f"transformers-xl train: {message}", file=sys.stderr, flush=True)
 
 
 def training_arguments(args, recipe, output: Path, processes: int):
@@ -160,24 +246,6 @@ def training_arguments(args, recipe, output: Path, processes: int):
         logging_steps=args.logging_steps, report_to=args.report_to, seed=args.seed, bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(), dataloader_pin_memory=False, disable_tqdm=False,
     )  # fmt: skip
-
-
-def prepare_output_folder(output: Path, resume: bool, overwrite: bool):
-    """Refuse a folder with anything but the corpus cache in it, unless resuming or overwriting (which keeps the
-    cache: it is checked against the files before reuse)."""
-    contents = [path for path in output.iterdir() if path.name != CORPUS_FOLDER] if output.is_dir() else []
-    if resume:
-        if not any(path.name.startswith("checkpoint-") for path in contents):
-            raise TrainingError(f"--resume: {output} holds no checkpoint to resume from.")
-    elif contents:
-        if not overwrite:
-            raise TrainingError(
-                f"--output-dir {output} already holds a run ({', '.join(sorted(p.name for p in contents)[:3])}, ...); "
-                "pass --resume to continue it or --overwrite to start again."
-            )
-        for path in contents:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    output.mkdir(parents=True, exist_ok=True)
 
 
 def check_lengths(streams, train_rows, eval_rows):
@@ -205,39 +273,44 @@ def check_cutoffs(recipe, cutoffs, vocab_size, given):
         )
 
 
-def load_corpus(recipe, files, vocab_file, args, cache: Path):
-    """(vocabulary, {split: id stream}): from the cache when it was made from the same files and settings, else
-    counted / read and encoded, and cached."""
+def load_corpus(recipe, files, vocab_file, args, folder: RunFolder):
+    """(vocabulary, {split: id stream}): from the cache OUTPUT/corpus when it was made from the same files and
+    settings, else counted / read, encoded, checked and cached."""
     key = {
         "recipe": recipe.name, "line_end": recipe.line_end, "special": recipe.special, "unk": recipe.unk_token,
-        "min_freq": args.min_freq, "max_size": args.max_size,
+        "min_freq": args.min_freq, "max_size": args.max_size, "allow_unknown": args.allow_unknown,
         "files": {split: _fingerprint(path) for split, path in files.items()},
         "vocab": _fingerprint(vocab_file) if vocab_file else None,
     }  # fmt: skip
+    cache = folder.path / CORPUS
     key_file = cache / "key.json"
-    if key_file.is_file() and json.loads(key_file.read_text()) == json.loads(json.dumps(key)):
+    if is_corpus_cache(cache) and json.loads(key_file.read_text()) == json.loads(json.dumps(key)):
         symbols = (cache / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
         streams = {split: np.load(cache / f"{split}.npy", mmap_mode="r") for split in files}
-        print(f"transformers-xl train: reusing the encoded corpus in {cache}", file=sys.stderr)
+        _say(f"reusing the encoded corpus in {cache}")
         return symbols, streams
     symbols = read_vocab(vocab_file) if vocab_file else build_vocabulary(recipe, files, args)
     if recipe.unk_token and recipe.unk_token not in symbols:
         raise TrainingError(f"--vocab {vocab_file}: no {recipe.unk_token} in it; the {recipe.name} recipe's tokenizer "
                             "encodes unseen words with it (the original requires it too).")  # fmt: skip
+    source = f"--vocab {vocab_file}" if vocab_file else f"the vocabulary counted with --min-freq {args.min_freq}"
+    check_vocabulary(symbols, {*recipe.special, recipe.unk_token}, source)
     vocab = {symbol: index for index, symbol in enumerate(symbols)}
-    cache.mkdir(parents=True, exist_ok=True)
-    key_file.unlink(missing_ok=True)  # (the cache is valid only once every file is written)
-    streams = {}
+    encoded = {}
     for split, path in files.items():
-        encoded = encode_file(path, vocab, recipe.line_end, recipe.unk_token, description=f"encoding {split}")
-        if encoded.unknown:
-            print(f"transformers-xl train: {split}: {encoded.unknown} of {encoded.words} symbols are not in the "
-                  f"vocabulary ({encoded.unknown / encoded.words:.3%}), encoded as {recipe.unk_token}", file=sys.stderr)  # fmt: skip
-        np.save(cache / f"{split}.npy", encoded.ids)
-        streams[split] = np.load(cache / f"{split}.npy", mmap_mode="r")
+        encoded[split] = encode_file(path, vocab, recipe.line_end, recipe.unk_token, description=f"encoding {split}")
+        check_encoded(path, encoded[split], recipe.unk_token, args.allow_unknown)
+        if encoded[split].unknown:
+            _say(f"{split}: {encoded[split].unknown} of {encoded[split].words} symbols are not in the vocabulary "
+                 f"({encoded[split].unknown / encoded[split].words:.3%}), encoded as {recipe.unk_token}")  # fmt: skip
+    folder.claim(CORPUS)
+    cache.mkdir(exist_ok=True)
+    key_file.unlink(missing_ok=True)  # (the cache is valid only once every file is written)
+    for split in files:
+        np.save(cache / f"{split}.npy", encoded[split].ids)
     (cache / "vocab.txt").write_text("".join(f"{symbol}\n" for symbol in symbols), encoding="utf-8")
     key_file.write_text(json.dumps(key))
-    return symbols, streams
+    return symbols, {split: np.load(cache / f"{split}.npy", mmap_mode="r") for split in files}
 
 
 def _fingerprint(path: Path) -> dict:
@@ -246,6 +319,12 @@ def _fingerprint(path: Path) -> dict:
     with open(path, "rb") as file:
         head = hashlib.sha256(file.read(1 << 20)).hexdigest()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head": head}
+
+
+def _content(path: Path) -> dict:
+    """What a resume compares of an input file: its size and the hash of its first MiB (not its path or time)."""
+    fingerprint = _fingerprint(path)
+    return {"size": fingerprint["size"], "head": fingerprint["head"]}
 
 
 def read_vocab(path: Path) -> list[str]:
@@ -269,16 +348,33 @@ def build_vocabulary(recipe, files, args) -> list[str]:
 
 
 class RecipeTrainer(MemoryTrainer):
-    """MemoryTrainer whose evaluations keep train.py's attention length: segments of eval_tgt_len with a memory of
-    mem_len + tgt_len - eval_tgt_len."""
+    """MemoryTrainer whose evaluations keep train.py's attention length (segments of eval_tgt_len with a memory of
+    mem_len + tgt_len - eval_tgt_len), whose checkpoints are listed in the run folder's manifest before they are
+    written, and which stops at a non-finite loss."""
 
-    def __init__(self, *args, eval_mem_len: int, **kwargs):
+    def __init__(self, *args, eval_mem_len: int, folder: RunFolder | None, **kwargs):
         super().__init__(*args, **kwargs)
         self.eval_mem_len = eval_mem_len
+        self.folder = folder  # (None in the processes of an `accelerate launch` but the main one)
+
+    def _save_checkpoint(self, model, trial):
+        if self.folder is not None:
+            self.folder.claim(STAGING, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        super()._save_checkpoint(model, trial)
 
     def evaluation_loop(self, *args, **kwargs):
         with config_settings(self.model.config, mem_len=self.eval_mem_len):
             return super().evaluation_loop(*args, **kwargs)
+
+    def training_step(self, *args, **kwargs):
+        """Trainer's step; a non-finite loss stops the run (Trainer would log the mean of the finite ones)."""
+        loss = super().training_step(*args, **kwargs)
+        if not torch.isfinite(loss).all():
+            raise TrainingError(
+                f"the training loss is {loss.item()} at step {self.state.global_step + 1}; training stopped (the "
+                "checkpoints before it are kept). A lower --learning-rate or more --warmup-steps may help."
+            )
+        return loss
 
 
 def build_model(plan):
@@ -324,11 +420,31 @@ def build_tokenizer(plan):
     )  # fmt: skip
 
 
+def train_in_folder(plan) -> dict | None:
+    """Open the output folder, then train and evaluate; None for a finished run resumed (nothing to do)."""
+    plan = open_output(plan)
+    checkpoint, output, max_steps = plan["checkpoint"], plan["output"], plan["recipe"].max_steps
+    finished = plan["folder"].owns(RESULTS) and (output / RESULTS).is_file()
+    if checkpoint is not None and _step(checkpoint) >= max_steps and finished:
+        if plan["main"]:
+            _say(f"--resume: the run in {output} is finished (step {_step(checkpoint)} of {max_steps}); its results "
+                 f"are in {output / RESULTS}, left as they are.")  # fmt: skip
+        return None
+    return train(plan)
+
+
+RESULTS = "eval_results.json"  # written last: its presence says that the run is finished
+
+
+def _step(checkpoint: Path) -> int:
+    return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+
+
 def train(plan) -> dict:
     from .demo import save_model
 
     args, recipe, output, training_args = plan["args"], plan["recipe"], plan["output"], plan["training_args"]
-    processes, eval_batch = plan["processes"], training_args.per_device_eval_batch_size
+    processes, eval_batch, folder = plan["processes"], training_args.per_device_eval_batch_size, plan["folder"]
     model = build_model(plan)
     tokenizer = build_tokenizer(plan)
     if len(tokenizer) != model.config.vocab_size:
@@ -343,8 +459,21 @@ def train(plan) -> dict:
     trainer = RecipeTrainer(
         model=model, args=training_args, train_dataset=train_stream, eval_dataset=valid_stream,
         optimizers=(optimizer, schedule), eval_mem_len=plan["mem_len"] + recipe.tgt_len - recipe.eval_tgt_len,
+        folder=folder if plan["main"] else None,
     )  # fmt: skip
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if plan["main"] and args.report_to != ["none"] and not (output / "runs").exists():
+        folder.claim("runs")  # (where Trainer's tensorboard logger writes)
+    checkpoint = plan["checkpoint"]
+    try:
+        if checkpoint is not None and _step(checkpoint) >= recipe.max_steps:
+            trainer._load_from_checkpoint(str(checkpoint))  # (all steps done; the final model was not written)
+        else:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except KeyboardInterrupt:
+        last, _ = last_complete_checkpoint(output)
+        how = (f"the last complete checkpoint is {last}: run the same command with --resume to continue from it"
+               if last else "no checkpoint was written yet: run the same command with --overwrite to start again")  # fmt: skip
+        raise TrainingInterrupted(f"interrupted at step {trainer.state.global_step} of {recipe.max_steps}; {how}.") from None
 
     model = trainer.model.eval()
     final = recipe.eval_settings
@@ -356,8 +485,14 @@ def train(plan) -> dict:
                 model, ids, final["batch_size"], final["tgt_len"], final["mem_len"], final["clamp_len"],
                 final["same_length"], bf16=args.bf16,
             ) | {"unit": "character" if recipe.character_level else "token"}  # fmt: skip
+            if not math.isfinite(results[split]["loss"]):
+                raise TrainingError(f"the final evaluation on the {split} file gives a loss of {results[split]['loss']} "
+                                    "(non-finite weights); the model is not written.")  # fmt: skip
+        staging = folder.staging("final")
         with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
-            save_model(model, tokenizer, output)
-        (output / "eval_results.json").write_text(json.dumps({"settings": final, "results": results}, indent=2))
+            save_model(model, tokenizer, staging)
+        (staging / RESULTS).write_text(json.dumps({"settings": final, "results": results}, indent=2))
+        _umask_permissions(staging)
+        folder.move_in(staging, last=RESULTS)
     trainer.accelerator.end_training()
     return results
