@@ -35,7 +35,6 @@ import torch
 from safetensors import SafetensorError
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..conversion.publish import _umask_permissions
 from .arguments import non_negative_int, positive_float, positive_int
 from .corpus import CorpusError, check_encoded, check_readable, check_vocabulary, count_vocabulary, encode_file
 from .evaluate import config_settings, evaluate_stream
@@ -208,12 +207,12 @@ def open_output(plan):
             else:
                 folder.marker = folder.read_marker()
             symbols, streams = load_corpus(recipe, plan["files"], plan["vocab_file"], args, folder)
+        check_cutoffs(recipe, plan["cutoffs"], len(symbols), args.cutoffs is not None)
+        check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], plan["processes"]))
     except BaseException:
         if plan["main"]:
             folder.discard()
         raise
-    check_cutoffs(recipe, plan["cutoffs"], len(symbols), args.cutoffs is not None)
-    check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], plan["processes"]))
     return {**plan, "symbols": symbols, "streams": streams, "checkpoint": resume_checkpoint(plan) if args.resume else None}
 
 
@@ -293,12 +292,14 @@ def load_corpus(recipe, files, vocab_file, args, folder: RunFolder):
     if recipe.unk_token and recipe.unk_token not in symbols:
         raise TrainingError(f"--vocab {vocab_file}: no {recipe.unk_token} in it; the {recipe.name} recipe's tokenizer "
                             "encodes unseen words with it (the original requires it too).")  # fmt: skip
-    source = f"--vocab {vocab_file}" if vocab_file else f"the vocabulary counted with --min-freq {args.min_freq}"
-    check_vocabulary(symbols, {*recipe.special, recipe.unk_token}, source)
     vocab = {symbol: index for index, symbol in enumerate(symbols)}
     encoded = {}
     for split, path in files.items():
         encoded[split] = encode_file(path, vocab, recipe.line_end, recipe.unk_token, description=f"encoding {split}")
+        check_encoded(path, encoded[split], recipe.unk_token, allow_unknown=True)  # (a file without symbols first)
+    source = f"--vocab {vocab_file}" if vocab_file else f"the vocabulary counted with --min-freq {args.min_freq}"
+    check_vocabulary(symbols, {*recipe.special, recipe.unk_token}, source)
+    for split, path in files.items():
         check_encoded(path, encoded[split], recipe.unk_token, args.allow_unknown)
         if encoded[split].unknown:
             _say(f"{split}: {encoded[split].unknown} of {encoded[split].words} symbols are not in the vocabulary "
@@ -492,7 +493,6 @@ def train(plan) -> dict:
         with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
             save_model(model, tokenizer, staging)
         (staging / RESULTS).write_text(json.dumps({"settings": final, "results": results}, indent=2))
-        _umask_permissions(staging)
         folder.move_in(staging, last=RESULTS)
     trainer.accelerator.end_training()
     return results
