@@ -132,7 +132,7 @@ def test_ctrl_c_says_where_training_stopped_and_how_to_resume(tmp_path, corpus, 
     output = tmp_path / "out"
     _failing_step(monkeypatch, 5, KeyboardInterrupt())
     assert train(*corpus, "--output-dir", output) == 130
-    assert last_error_line(capsys) == (
+    assert last_error_line(capsys).endswith(  # (after the progress bar Trainer leaves on the line)
         f"transformers-xl train: interrupted at step 4 of 6; the last complete checkpoint is {output / 'checkpoint-3'}: "
         "run the same command with --resume to continue from it."
     )
@@ -189,3 +189,12 @@ def test_meaningless_texts_and_vocabularies_are_refused(tmp_path, corpus, capsys
     options = list(corpus)
     options[options.index("--valid-file") + 1] = tmp_path / "other.txt"
     assert train(*options, "--output-dir", tmp_path / "allowed", "--allow-unknown") == 0
+
+
+def test_a_non_finite_final_evaluation_writes_no_model(tmp_path, corpus, capsys, monkeypatch):
+    from transformers_xl.training import train as train_module
+
+    monkeypatch.setattr(train_module, "evaluate_stream", lambda *args, **kwargs: {"loss": float("nan")})
+    assert train(*corpus, "--output-dir", tmp_path / "out") == 2
+    assert "the final evaluation on the valid file gives a loss of nan" in last_error_line(capsys)
+    assert not any((tmp_path / "out" / name).exists() for name in ("model.safetensors", "eval_results.json"))

@@ -84,34 +84,17 @@ class RunFolder:
     # --- opening the folder for a run --------------------------------------------------------------------------
 
     def open(self, settings: dict, resume: bool, overwrite: bool):
-        """Check the folder (a fresh one, an earlier run's with `overwrite` or `resume`) and write the marker."""
+        """Check the folder (a fresh one, or an earlier run's with `overwrite` or `resume`) and write the marker."""
         marker = self.read_marker()
         contents = sorted(p.name for p in self.path.iterdir() if p.name not in (MARKER, LOCK))
         if marker is None:
-            if resume:
-                raise OutputFolderError(f"--resume: {self.path} holds no train run to resume ({MARKER} is missing).")
-            corpus = self.path / CORPUS
-            foreign = [name for name in contents if name != CORPUS or not is_corpus_cache(corpus)]
-            if foreign:
-                what = (
-                    f"a {CORPUS}/ folder that is not a corpus cache written by train (no valid {CORPUS}/key.json)"
-                    if foreign == [CORPUS] else f"files that transformers-xl train did not write ({', '.join(foreign[:3])}"
-                    + (", ..." if len(foreign) > 3 else "") + ")"
-                )  # fmt: skip
-                raise OutputFolderError(
-                    f"--output-dir {self.path} holds {what}; train writes only into a new or empty folder or one of "
-                    "its own runs: pick another --output-dir."
-                )
-            self.marker = {"written_by": "transformers-xl train", "settings": settings,
-                           "files": [CORPUS] if CORPUS in contents else []}  # fmt: skip
-            self._write_marker()
+            self._open_fresh(contents, settings, resume)
             return
         self.marker = marker
         corpus = self.path / CORPUS
         if corpus.exists() and not self.owns(CORPUS):
-            raise OutputFolderError(
-                f"{corpus} was not written by this train run; it is left as it is: move it or pick another --output-dir."
-            )
+            raise OutputFolderError(f"{corpus} was not written by this train run; it is left as it is: move it or "
+                                    "pick another --output-dir.")  # fmt: skip
         if resume:
             changed = changed_settings(marker.get("settings") or {}, settings)
             if changed:
@@ -123,13 +106,27 @@ class RunFolder:
         if not overwrite:
             ours = [name for name in contents if self.owns(name) and name not in (CORPUS, STAGING)]
             raise OutputFolderError(
-                f"--output-dir {self.path} already holds a train run ({', '.join(ours[:3]) or 'started, no files yet'}"
-                f"{', ...' if len(ours) > 3 else ''}); pass --resume to continue it or --overwrite to start again."
+                f"--output-dir {self.path} already holds a train run ({_listed(ours) or 'started, no files yet'}); "
+                "pass --resume to continue it or --overwrite to start again."
             )
         for name in [*marker["files"], STAGING]:
             if name != CORPUS:
                 _remove(self.path / name)
         self.marker = {**marker, "settings": settings, "files": [name for name in marker["files"] if name == CORPUS]}
+        self._write_marker()
+
+    def _open_fresh(self, contents: list[str], settings: dict, resume: bool):
+        """A folder without a run: empty, or holding only a corpus cache of train's (kept and checked for reuse)."""
+        if resume:
+            raise OutputFolderError(f"--resume: {self.path} holds no train run to resume ({MARKER} is missing).")
+        foreign = [name for name in contents if name != CORPUS or not is_corpus_cache(self.path / CORPUS)]
+        if foreign:
+            what = f"files that transformers-xl train did not write ({_listed(foreign)})"
+            if foreign == [CORPUS]:
+                what = f"a {CORPUS}/ folder that is not a corpus cache written by train (no valid {CORPUS}/key.json)"
+            raise OutputFolderError(f"--output-dir {self.path} holds {what}; train writes only into a new or empty "
+                                    "folder or one of its own runs: pick another --output-dir.")  # fmt: skip
+        self.marker = {"written_by": "transformers-xl train", "settings": settings, "files": contents}  # (none, or the cache)
         self._write_marker()
 
     def discard(self):
@@ -182,6 +179,10 @@ def changed_settings(before: dict, now: dict) -> list[str]:
     return changes
 
 
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def _remove(path: Path):
     if path.is_symlink() or path.is_file():
         path.unlink()
@@ -223,8 +224,8 @@ class _Lock:
         if owner is None or _is_running(owner):
             who = f"process {pid} on {host}" if owner else "another process"
             raise OutputFolderError(
-                f"--output-dir {self.folder.path} is in use by another transformers-xl train ({who}, lock {self.path}); "
-                "one run per folder: wait for it or pick another --output-dir."
+                f"--output-dir {self.folder.path} is in use by another transformers-xl train ({who}, lock "
+                f"{self.path}); one run per folder: wait for it or pick another --output-dir."
             )
         aside = self.path.with_name(f"{LOCK}.{_owner()}.stale")
         try:

@@ -5,17 +5,18 @@
                           [--tgt-len L] [--mem-len M] [--eval-tgt-len L] [--learning-rate LR] [--warmup-steps N]
                           [--cutoffs A,B,C | none] [--min-freq N] [--max-size N] [--varlen] [--bf16]
                           [--save-steps N] [--eval-steps N] [--logging-steps N] [--report-to ...] [--seed N]
-                          [--threads N] [--resume | --overwrite]
+                          [--threads N] [--allow-unknown] [--resume | --overwrite]
 
 The files are read as the original corpus readers read them (training/corpus.py: already tokenised text, one
 sentence or paragraph per line, `<eos>` per line for the word recipes; space-separated characters for enwik8 /
 text8); the vocabulary is built as the original builds it (word counts over the training file with `--min-freq` /
 `--max-size`, or every symbol of every split for the character recipes), or read from `--vocab` (one symbol per
 line, the first column). Vocabulary and id streams are cached in OUTPUT_DIR/corpus/ and reused by a rerun on the
-same files and settings. Training is `MemoryTrainer` over `TextStream`s (every token predicted, the memory carried
-from step to step); `accelerate launch` runs it on several processes or GPUs (the recipe's batch is the global
-one). At the end the model is evaluated with the paper's protocol (docs/evaluation.md) on the validation (and
-test) file, and OUTPUT_DIR holds the model and its tokenizer, ready for `AutoModelForCausalLM` / `AutoTokenizer`,
+same files and settings. One run at a time writes into OUTPUT_DIR and removes only what it wrote
+(training/run_folder.py). Training is `MemoryTrainer` over `TextStream`s (every token predicted, the memory
+carried from step to step, checkpoints complete or absent, `--resume` from the last complete one); `accelerate
+launch` runs it on several processes or GPUs (the recipe's batch is the global one). At the end the model is
+evaluated with the paper's protocol (docs/evaluation.md) on the validation (and test) file, and OUTPUT_DIR holds the model and its tokenizer, ready for `AutoModelForCausalLM` / `AutoTokenizer`,
 `transformers-xl evaluate` and `push_to_hub`. Example (a minute on 2 CPU cores):
 
     transformers-xl train --recipe tiny --train-file train.txt --valid-file valid.txt --output-dir tiny-run
@@ -213,7 +214,8 @@ def open_output(plan):
         if plan["main"]:
             folder.discard()
         raise
-    return {**plan, "symbols": symbols, "streams": streams, "checkpoint": resume_checkpoint(plan) if args.resume else None}
+    checkpoint = resume_checkpoint(plan) if args.resume else None
+    return {**plan, "symbols": symbols, "streams": streams, "checkpoint": checkpoint}
 
 
 def resume_checkpoint(plan) -> Path:
@@ -472,9 +474,11 @@ def train(plan) -> dict:
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except KeyboardInterrupt:
         last, _ = last_complete_checkpoint(output)
-        how = (f"the last complete checkpoint is {last}: run the same command with --resume to continue from it"
-               if last else "no checkpoint was written yet: run the same command with --overwrite to start again")  # fmt: skip
-        raise TrainingInterrupted(f"interrupted at step {trainer.state.global_step} of {recipe.max_steps}; {how}.") from None
+        how = "no checkpoint was written yet: run the same command with --overwrite to start again"
+        if last:
+            how = f"the last complete checkpoint is {last}: run the same command with --resume to continue from it"
+        step = trainer.state.global_step
+        raise TrainingInterrupted(f"interrupted at step {step} of {recipe.max_steps}; {how}.") from None
 
     model = trainer.model.eval()
     final = recipe.eval_settings
@@ -487,8 +491,9 @@ def train(plan) -> dict:
                 final["same_length"], bf16=args.bf16,
             ) | {"unit": "character" if recipe.character_level else "token"}  # fmt: skip
             if not math.isfinite(results[split]["loss"]):
-                raise TrainingError(f"the final evaluation on the {split} file gives a loss of {results[split]['loss']} "
-                                    "(non-finite weights); the model is not written.")  # fmt: skip
+                loss = results[split]["loss"]
+                raise TrainingError(f"the final evaluation on the {split} file gives a loss of {loss} (non-finite "
+                                    "weights); the model is not written.")  # fmt: skip
         staging = folder.staging("final")
         with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
             save_model(model, tokenizer, staging)
