@@ -361,9 +361,15 @@ class RecipeTrainer(MemoryTrainer):
         self.folder = folder  # (None in the processes of an `accelerate launch` but the main one)
 
     def _save_checkpoint(self, model, trial):
+        """MemoryTrainer's; torch.save's failures (a full disk is a RuntimeError there) said in one line."""
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.folder is not None:
-            self.folder.claim(STAGING, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        super()._save_checkpoint(model, trial)
+            self.folder.claim(STAGING, name)
+        try:
+            super()._save_checkpoint(model, trial)
+        except RuntimeError as error:
+            raise TrainingError(f"{self.args.output_dir}: writing {name} failed ({str(error).splitlines()[0]}); is "
+                                "the disk full?") from None  # fmt: skip
 
     def evaluation_loop(self, *args, **kwargs):
         with config_settings(self.model.config, mem_len=self.eval_mem_len):
@@ -444,8 +450,6 @@ def _step(checkpoint: Path) -> int:
 
 
 def train(plan) -> dict:
-    from .demo import save_model
-
     args, recipe, output, training_args = plan["args"], plan["recipe"], plan["output"], plan["training_args"]
     processes, eval_batch, folder = plan["processes"], training_args.per_device_eval_batch_size, plan["folder"]
     model = build_model(plan)
@@ -472,6 +476,7 @@ def train(plan) -> dict:
             trainer._load_from_checkpoint(str(checkpoint))  # (all steps done; the final model was not written)
         else:
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        results = write_final(plan, trainer, tokenizer) if trainer.is_world_process_zero() else {}
     except KeyboardInterrupt:
         last, _ = last_complete_checkpoint(output)
         how = "no checkpoint was written yet: run the same command with --overwrite to start again"
@@ -479,25 +484,31 @@ def train(plan) -> dict:
             how = f"the last complete checkpoint is {last}: run the same command with --resume to continue from it"
         step = trainer.state.global_step
         raise TrainingInterrupted(f"interrupted at step {step} of {recipe.max_steps}; {how}.") from None
-
-    model = trainer.model.eval()
-    final = recipe.eval_settings
-    results = {}
-    if trainer.is_world_process_zero():
-        for split in [s for s in ("valid", "test") if s in streams]:
-            ids = torch.from_numpy(np.array(streams[split], dtype=np.int64))
-            results[split] = evaluate_stream(
-                model, ids, final["batch_size"], final["tgt_len"], final["mem_len"], final["clamp_len"],
-                final["same_length"], bf16=args.bf16,
-            ) | {"unit": "character" if recipe.character_level else "token"}  # fmt: skip
-            if not math.isfinite(results[split]["loss"]):
-                loss = results[split]["loss"]
-                raise TrainingError(f"the final evaluation on the {split} file gives a loss of {loss} (non-finite "
-                                    "weights); the model is not written.")  # fmt: skip
-        staging = folder.staging("final")
-        with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
-            save_model(model, tokenizer, staging)
-        (staging / RESULTS).write_text(json.dumps({"settings": final, "results": results}, indent=2))
-        folder.move_in(staging, last=RESULTS)
     trainer.accelerator.end_training()
+    return results
+
+
+def write_final(plan, trainer, tokenizer) -> dict:
+    """The paper's evaluation of the trained model on the validation (and test) file; the model (with the
+    evaluation settings in its config), tokenizer and results written into a staging folder and moved into the
+    output folder, the results last. A non-finite loss writes nothing."""
+    from .demo import save_model
+
+    recipe, streams, final = plan["recipe"], plan["streams"], plan["recipe"].eval_settings
+    model = trainer.model.eval()
+    results = {}
+    for split in [s for s in ("valid", "test") if s in streams]:
+        ids = torch.from_numpy(np.array(streams[split], dtype=np.int64))
+        results[split] = evaluate_stream(
+            model, ids, final["batch_size"], final["tgt_len"], final["mem_len"], final["clamp_len"],
+            final["same_length"], bf16=plan["args"].bf16,
+        ) | {"unit": "character" if recipe.character_level else "token"}  # fmt: skip
+        if not math.isfinite(results[split]["loss"]):
+            raise TrainingError(f"the final evaluation on the {split} file gives a loss of {results[split]['loss']} "
+                                "(non-finite weights); the model is not written.")  # fmt: skip
+    staging = plan["folder"].staging("final")
+    with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
+        save_model(model, tokenizer, staging)
+    (staging / RESULTS).write_text(json.dumps({"settings": final, "results": results}, indent=2))
+    plan["folder"].move_in(staging, last=RESULTS)
     return results
