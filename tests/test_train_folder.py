@@ -206,3 +206,13 @@ def test_a_non_finite_final_evaluation_writes_no_model(tmp_path, corpus, capsys,
     assert train(*corpus, "--output-dir", tmp_path / "out") == 2
     assert "the final evaluation on the valid file gives a loss of nan" in last_error_line(capsys)
     assert not any((tmp_path / "out" / name).exists() for name in ("model.safetensors", "eval_results.json"))
+
+
+def test_a_damaged_marker_gives_one_line_and_removes_nothing(tmp_path, corpus, capsys):
+    output = tmp_path / "out"
+    assert train(*corpus, "--output-dir", output) == 0
+    (output / MARKER).write_text("{not json")
+    before = sorted(output.rglob("*"))
+    assert train(*corpus, "--output-dir", output, "--overwrite") == 2
+    assert f"{output / MARKER}: damaged (not the JSON list of the files" in last_error_line(capsys)
+    assert sorted(output.rglob("*")) == before

@@ -60,10 +60,13 @@ class RunFolder:
             return None
         try:
             marker = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            raise OutputFolderError(f"{path}: damaged ({error}); it lists the files of a train run here.") from None
+        except (OSError, ValueError):
+            marker = None
         if not isinstance(marker, dict) or not isinstance(marker.get("files"), list):
-            raise OutputFolderError(f"{path}: damaged (no list of files); it lists the files of a train run here.")
+            raise OutputFolderError(
+                f"{path}: damaged (not the JSON list of the files a train run wrote here), so train cannot tell its "
+                "files from yours: pick another --output-dir."
+            )
         return marker
 
     def _write_marker(self):
@@ -86,7 +89,7 @@ class RunFolder:
     def open(self, settings: dict, resume: bool, overwrite: bool):
         """Check the folder (a fresh one, or an earlier run's with `overwrite` or `resume`) and write the marker."""
         marker = self.read_marker()
-        contents = sorted(p.name for p in self.path.iterdir() if p.name not in (MARKER, LOCK))
+        contents = sorted(p.name for p in self.path.iterdir() if not p.name.startswith((MARKER, LOCK)))
         if marker is None:
             self._open_fresh(contents, settings, resume)
             return
