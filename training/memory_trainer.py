@@ -44,7 +44,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
 from ..conversion.publish import _umask_permissions
-
 from .streams import TextStream
 
 logger = logging.get_logger(__name__)

@@ -23,6 +23,7 @@ evaluated with the paper's protocol (docs/evaluation.md) on the validation (and 
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -112,7 +113,8 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     try:
         plan = prepare(args)
-        with plan["folder"].locked() if plan["main"] else _no_lock(plan["folder"]):
+        # (the main process of an `accelerate launch` holds the lock for all of them)
+        with plan["folder"].locked() if plan["main"] else contextlib.nullcontext(plan["folder"]):
             results = train_in_folder(plan)
     except (TrainingError, CorpusError, OutputFolderError) as error:
         return _fail(str(error))
@@ -137,19 +139,6 @@ def run(args) -> int:
 def _fail(message: str) -> int:
     print(f"transformers-xl train: {message}", file=sys.stderr)
     return 2
-
-
-class _no_lock:
-    """The other processes of an `accelerate launch`: the main one holds the lock."""
-
-    def __init__(self, folder):
-        self.folder = folder
-
-    def __enter__(self):
-        return self.folder
-
-    def __exit__(self, *exception):
-        pass
 
 
 # --- the plan: recipe, output folder, corpus ---------------------------------------------------------------------
