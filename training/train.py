@@ -16,8 +16,9 @@ same files and settings. One run at a time writes into OUTPUT_DIR and removes on
 (training/run_folder.py). Training is `MemoryTrainer` over `TextStream`s (every token predicted, the memory
 carried from step to step, checkpoints complete or absent, `--resume` from the last complete one); `accelerate
 launch` runs it on several processes or GPUs (the recipe's batch is the global one). At the end the model is
-evaluated with the paper's protocol (docs/evaluation.md) on the validation (and test) file, and OUTPUT_DIR holds the model and its tokenizer, ready for `AutoModelForCausalLM` / `AutoTokenizer`,
-`transformers-xl evaluate` and `push_to_hub`. Example (a minute on 2 CPU cores):
+evaluated with the paper's protocol (docs/evaluation.md) on the validation (and test) file, and OUTPUT_DIR holds
+the model and its tokenizer, ready for `AutoModelForCausalLM` / `AutoTokenizer`, `transformers-xl evaluate` and
+`push_to_hub`. Example (a minute on 2 CPU cores):
 
     transformers-xl train --recipe tiny --train-file train.txt --valid-file valid.txt --output-dir tiny-run
 """
@@ -46,6 +47,7 @@ from .run_folder import CORPUS, OutputFolderError, RunFolder, is_corpus_cache
 from .streams import TextStream
 
 INTERRUPTED = 130  # the exit status of a run stopped with Ctrl-C (128 + SIGINT)
+RESULTS = "eval_results.json"  # the final evaluation, written last: its presence says that the run is finished
 
 
 class TrainingError(ValueError):
@@ -429,9 +431,6 @@ def train_in_folder(plan) -> dict | None:
                  f"are in {output / RESULTS}, left as they are.")  # fmt: skip
         return None
     return train(plan)
-
-
-RESULTS = "eval_results.json"  # written last: its presence says that the run is finished
 
 
 def _step(checkpoint: Path) -> int:
