@@ -59,7 +59,7 @@ def test_a_resume_after_a_kill_ends_bit_identical(straight, tmp_path, capsys, st
     expected, resumed = (load_file(folder / "model.safetensors") for folder in (run, tmp_path / "resumed"))
     assert expected.keys() == resumed.keys() and all(torch.equal(resumed[key], expected[key]) for key in expected)
     assert final_loss(tmp_path / "resumed") == final_loss(run)
-    assert not (tmp_path / "resumed" / ".partial").exists()  # (the half-written checkpoint was replaced)
+    assert not (tmp_path / "resumed" / ".partial").exists()  # (the half-written checkpoint was removed)
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,9 @@ def test_a_second_run_into_a_locked_folder_stops(tmp_path, corpus, capsys):
     assert train(*corpus, "--output-dir", output) == 2
     assert f"--output-dir {output} is in use by another transformers-xl train" in last_error_line(capsys)
     assert [path.name for path in output.iterdir()] == [LOCK]
+    (output / LOCK).write_text("elsewhere-123-456")  # (another host's run: it cannot be checked, so it is kept)
+    assert train(*corpus, "--output-dir", output) == 2
+    assert "(process 123 on elsewhere, lock" in last_error_line(capsys) and (output / LOCK).exists()
 
 
 def test_the_stale_lock_of_a_dead_process_is_reported_and_cleared(tmp_path, corpus, capsys):

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..conversion.publish import _is_running, _owner, _say, rename_no_replace
+from ..conversion.publish import _host, _is_running, _owner, _say, rename_no_replace
 from .memory_trainer import STAGING
 
 MARKER = ".transformers-xl-train.json"
@@ -105,6 +105,7 @@ class RunFolder:
                     f"--resume: {self.path} was trained with other settings: {'; '.join(changed)}. Resume with the "
                     "run's settings, or start again with --overwrite."
                 )
+            _remove(self.path / STAGING)  # (what a killed run was writing: never complete)
             return
         if not overwrite:
             ours = [name for name in contents if self.owns(name) and name not in (CORPUS, STAGING)]
@@ -226,9 +227,11 @@ class _Lock:
             owner = None  # (being written by its owner, or unreadable: taken to be held)
         if owner is None or _is_running(owner):
             who = f"process {pid} on {host}" if owner else "another process"
+            unsure = " (on another host, which cannot be checked from here: remove the lock if it no longer runs)"
             raise OutputFolderError(
                 f"--output-dir {self.folder.path} is in use by another transformers-xl train ({who}, lock "
-                f"{self.path}); one run per folder: wait for it or pick another --output-dir."
+                f"{self.path}); one run per folder: wait for it or pick another --output-dir"
+                + (unsure if owner and host != _host() else "") + "."
             )
         aside = self.path.with_name(f"{LOCK}.{_owner()}.stale")
         try:
