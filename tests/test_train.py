@@ -1,6 +1,7 @@
 """`transformers-xl train`: the tiny recipe end to end (a folder the Auto classes load, the paper's evaluation at
-the end), the corpus cached and reused, an exact resume, a character recipe scaled down, the vocabulary and the
-schedule of the original code, and one clear error line for each bad input."""
+the end), the corpus cached and reused, a character recipe scaled down, the vocabulary and the
+schedule of the original code, and one clear error line for each bad input (resume: test_train_checkpoints.py;
+the output folder and failures during training: test_train_folder.py)."""
 
 import json
 import math
