@@ -1,6 +1,7 @@
 """`transformers-xl train`: the tiny recipe end to end (a folder the Auto classes load, the paper's evaluation at
-the end), the corpus cached and reused, an exact resume, a character recipe scaled down, the vocabulary and the
-schedule of the original code, and one clear error line for each bad input."""
+the end), the corpus cached and reused, a character recipe scaled down, the vocabulary and the
+schedule of the original code, and one clear error line for each bad input (resume: test_train_checkpoints.py;
+the output folder and failures during training: test_train_folder.py)."""
 
 import json
 import math
@@ -76,33 +77,14 @@ def test_a_rerun_reuses_the_encoded_corpus(tiny_run, capsys):
     cached = {path.name: path.stat().st_mtime_ns for path in (output / "corpus").iterdir()}
     common = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, "--output-dir", output]
     assert train(*common, *FAST, "--max-steps", 1) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds a train run (adaptive_softmax.py, checkpoint-100, checkpoint-200, ...); pass --resume to " \
+        "continue it or --overwrite to start again." in capsys.readouterr().err
     copy = output.parent / "copy"
     copy.mkdir()
     (copy / "corpus").symlink_to(output / "corpus")  # (the cache of the first run, in a fresh folder)
     assert train(*common[:-1], copy, *FAST, "--max-steps", 1) == 0
     assert "reusing the encoded corpus" in capsys.readouterr().err
     assert {path.name: path.stat().st_mtime_ns for path in (output / "corpus").iterdir()} == cached
-
-
-def test_resume_gives_the_uninterrupted_runs_weights(tmp_path, capsys):
-    """6 steps straight, against 3 steps, an interruption, and --resume from checkpoint-3 (dropout on: the random
-    state is restored too; the memory of the rows is reloaded)."""
-    train_file, valid_file = write_corpus(tmp_path)
-    common = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, *FAST]
-    assert train(*common, "--output-dir", tmp_path / "straight") == 0
-    assert train(*common, "--output-dir", tmp_path / "resumed") == 0
-    for leftover in (tmp_path / "resumed").iterdir():  # back to the state right after step 3
-        if leftover.name not in ("corpus", "checkpoint-3"):
-            leftover.unlink() if leftover.is_file() else __import__("shutil").rmtree(leftover)
-    # (another seed: a resume takes the weights, random state and memory from the checkpoint, a fresh start would not)
-    assert train(*common, "--output-dir", tmp_path / "resumed", "--resume", "--seed", 5) == 0
-    straight, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("straight", "resumed"))
-    assert straight.keys() == resumed.keys()
-    for key in straight:
-        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=1e-6)
-    initial = load_file(tmp_path / "resumed" / "checkpoint-3" / "model.safetensors")
-    assert any(not torch.equal(initial[key], straight[key]) for key in straight)
 
 
 def test_a_character_recipe_scaled_down(tmp_path):
@@ -166,8 +148,9 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
     cases = [
         ([*base[:3], tmp_path / "nope.txt", *base[4:], "--output-dir", tmp_path / "o1"], "nope.txt: no such file"),
         ([*base[:5], tmp_path / "empty.txt", "--output-dir", tmp_path / "o2"], "empty.txt: the file is empty"),
-        ([*base, "--output-dir", tmp_path / "taken"], "pass --resume to continue it or --overwrite"),
-        ([*base, "--output-dir", tmp_path / "o3", "--resume"], "holds no checkpoint to resume from"),
+        ([*base, "--output-dir", tmp_path / "taken"], "holds files that transformers-xl train did not write "
+         "(model.safetensors); train writes only into a new or empty folder or one of its own runs"),
+        ([*base, "--output-dir", tmp_path / "o3", "--resume"], "holds no train run to resume"),
         (["--recipe", "wt103", *base[2:], "--output-dir", tmp_path / "o4"],
          "adaptive softmax cutoffs [20000, 40000, 200000] need a vocabulary of more than 200000 symbols, but this "
          "corpus gives 62; pass --cutoffs 5,9,46 (in proportion) or --cutoffs none"),
@@ -181,7 +164,8 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
         assert train(*options) == 2, message
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith("transformers-xl train: ") and message in error, error
-    assert not (tmp_path / "taken" / "corpus").exists()  # nothing written into a refused folder
+    assert [path.name for path in (tmp_path / "taken").iterdir()] == ["model.safetensors"]  # (nothing written there)
+    assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3", "o4", "o5", "o6", "o7"))
 
 
 def test_encoding_in_small_batches_gives_the_same_stream(tmp_path, monkeypatch):

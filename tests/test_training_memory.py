@@ -187,6 +187,26 @@ def test_resume_continues_the_same_streams_with_the_same_memory(tmp_path):
                 assert torch.allclose(a, b, atol=1e-6)
 
 
+def test_checkpoints_are_complete_or_absent_and_a_resume_skips_incomplete_ones(tmp_path):
+    """Checkpoints are staged in .partial and renamed when complete; `resume_from_checkpoint=True` skips (and names)
+    a later checkpoint that lost a file, and an incomplete checkpoint named explicitly is refused."""
+    args = training_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=2)
+    MemoryTrainer(model=tiny_lm(), args=args, train_dataset=stream()).train()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("checkpoint", ".partial"))) == [
+        "checkpoint-2", "checkpoint-4", "checkpoint-6",
+    ]  # fmt: skip
+    (tmp_path / "checkpoint-6" / "optimizer.pt").unlink()
+    trainer = MemoryTrainer(model=tiny_lm(seed=1), args=args, train_dataset=stream())
+    logger = logging.get_logger("transformers_xl.training.memory_trainer")
+    with CaptureLogger(logger) as captured:
+        trainer.train(resume_from_checkpoint=True)
+    assert f"skipped the incomplete checkpoint {tmp_path / 'checkpoint-6'} (no optimizer.pt)" in captured.out
+    assert trainer.state.global_step == 6 and (tmp_path / "checkpoint-6" / "optimizer.pt").is_file()  # (saved again)
+    (tmp_path / "checkpoint-6" / "scheduler.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="checkpoint-6 is incomplete \\(scheduler.pt has 0 bytes"):
+        MemoryTrainer(model=tiny_lm(), args=args, train_dataset=stream()).train(str(tmp_path / "checkpoint-6"))
+
+
 @pytest.mark.parametrize("untied_before_resume", [False, True])
 def test_resume_restores_the_tied_output_layer_without_a_missing_keys_warning(tmp_path, untied_before_resume):
     """save_pretrained leaves the output layer out of the checkpoint: it is the embedding table's own tensor. A

@@ -27,10 +27,12 @@ from ..tokenization.legacy_vocab import build_vocab
 LINE_ENDS = {"eos": ("", "<eos>"), "double-eos": ("<S>", "<S>"), "none": ("", "")}
 BATCH_CHARACTERS = 1 << 22  # lines are read and encoded in batches of about this many characters (bounded memory)
 _NOT_IN_VOCABULARY = "\x00not in the vocabulary\x00"  # the word every unknown symbol maps to while encoding
+UNKNOWN_RATE_LIMIT = 0.5  # above it, a loss or perplexity measures mostly how well the model predicts <unk>
 
 
 class CorpusError(ValueError):
-    """A text file that cannot be used: unreadable, empty, or with symbols the vocabulary cannot encode."""
+    """A text file that cannot be used: unreadable, empty, with symbols the vocabulary cannot encode, or a text and
+    vocabulary that would give a meaningless loss (no symbols, only special symbols, mostly unknown symbols)."""
 
 
 @dataclass
@@ -135,3 +137,26 @@ def encode_file(path, vocab: dict[str, int], line_end: str, unk_token: str | Non
             )
         ids[ids == unknown_id] = vocab[unk_token]
     return EncodedFile(ids=ids, unknown=unknown, words=words)
+
+
+def check_vocabulary(symbols, special, source: str):
+    """Refuse a vocabulary of special symbols only (line ends, the unknown symbol): every word of a text would be
+    encoded as `<unk>`, and a model predicting only those reports a low perplexity that means nothing. `source`
+    names the vocabulary in the message (e.g. "the vocabulary counted from train.txt with --min-freq 50")."""
+    if all(symbol in special for symbol in symbols):
+        raise CorpusError(f"{source} holds only special symbols ({', '.join(symbols) or 'none'}), no word of the text.")
+
+
+def check_encoded(path, encoded: EncodedFile, unk_token: str | None, allow_unknown: bool = False):
+    """Refuse an encoded text that would give a meaningless loss: one without symbols (blank lines only), or one
+    with more than UNKNOWN_RATE_LIMIT of its symbols unknown to the vocabulary (encoded as `unk_token`), unless
+    `allow_unknown` (the `--allow-unknown` option of `train` and `evaluate`)."""
+    if encoded.words == 0:
+        raise CorpusError(f"{path}: no symbols in it (only blank lines or whitespace); expected text.")
+    rate = encoded.unknown / encoded.words
+    if rate > UNKNOWN_RATE_LIMIT and not allow_unknown:
+        raise CorpusError(
+            f"{path}: {rate:.1%} of its symbols ({encoded.unknown} of {encoded.words}) are not in the vocabulary and "
+            f"would be read as {unk_token}, so the loss would measure mostly {unk_token}; check that the text and the "
+            "vocabulary are of the same kind (words / characters), or pass --allow-unknown."
+        )

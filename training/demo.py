@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, TrainingArguments, set_seed
 from transformers.trainer_callback import ProgressCallback
 
+from ..conversion.publish import _umask_permissions
 from ..conversion.remote_code import full_auto_map
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
@@ -323,10 +324,12 @@ def generate_sample(model, tokenizer, seed: int) -> str:
 
 def save_model(model, tokenizer, folder: Path):
     """`save_pretrained` of the model (with its code, as `transformers-xl convert` writes it: see
-    `conversion/remote_code`) and of the tokenizer."""
+    `conversion/remote_code`) and of the tokenizer, with the permissions the umask gives (safetensors writes its
+    files private)."""
     model.config.auto_map = full_auto_map(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    _umask_permissions(Path(folder))
 
 
 def plot(metrics: dict, path: Path) -> Figure:

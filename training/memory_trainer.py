@@ -15,27 +15,78 @@ The memory's life:
   middle of training leaves the training memory untouched;
 - checkpoints: each process saves its training memory next to the checkpoint (`memory-rank{r}.safetensors`); a
   resume reloads it, so the resumed run continues the same rows with the same memory as an uninterrupted run. A
-  checkpoint taken at the end of an epoch, a checkpoint without memory files, or `ignore_data_skip=True` (which
-  restarts the epoch's data) resume with an empty memory.
+  checkpoint taken at the end of an epoch, or `ignore_data_skip=True` (which restarts the epoch's data) resume
+  with an empty memory.
+
+Checkpoints are complete or absent: Trainer writes each into `OUTPUT/.partial/checkpoint-N`, every process adds its
+memory, then the main process lists the files and their sizes in `checkpoint-files.json` and renames the folder to
+`OUTPUT/checkpoint-N`. `train(resume_from_checkpoint=True)` takes the last checkpoint whose listed files are all
+there with their sizes, and warns about the later ones it skips (a kill during a save, a disk that filled up, a
+file deleted since).
 
 Several processes: launch with `accelerate launch` / `torchrun` (DDP); each rank keeps the memory of its own rows.
 On CPU pass `use_cpu=True` (or `ACCELERATE_USE_CPU=true`), otherwise each process trains alone. `nn.DataParallel`
 (several GPUs in one process) is refused: it would split the time-major memory along time.
 """
 
+import contextlib
+import json
 import math
 import os
+import shutil
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
+from ..conversion.publish import _umask_permissions
 from .streams import TextStream
 
 logger = logging.get_logger(__name__)
+
+CHECKPOINT_FILES = "checkpoint-files.json"  # written last into a checkpoint: its files and their sizes
+STAGING = ".partial"  # checkpoints are written in OUTPUT/.partial/checkpoint-N, then renamed into OUTPUT
+
+
+def checkpoint_problem(checkpoint) -> str | None:
+    """None for a complete checkpoint (every file listed in its CHECKPOINT_FILES there, with its size), else what
+    is wrong with it, in a few words."""
+    try:
+        with open(os.path.join(checkpoint, CHECKPOINT_FILES), encoding="utf-8") as file:
+            files = json.load(file)["files"]
+        sizes = {str(name): int(size) for name, size in files.items()}
+    except FileNotFoundError:
+        return f"no {CHECKPOINT_FILES}: not written to the end"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"a damaged {CHECKPOINT_FILES}"
+    for name, size in sizes.items():
+        path = os.path.join(checkpoint, name)
+        if not os.path.isfile(path):
+            return f"no {name}"
+        if os.path.getsize(path) != size:
+            return f"{name} has {os.path.getsize(path)} bytes, not {size}"
+    return None
+
+
+def last_complete_checkpoint(folder) -> tuple[str | None, list[tuple[str, str]]]:
+    """The complete checkpoint of the highest step in `folder` (or None), and the later ones skipped, as
+    (path, problem)."""
+    steps = {}
+    for name in os.listdir(folder):
+        prefix, _, step = name.partition("-")
+        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit() and os.path.isdir(os.path.join(folder, name)):
+            steps[int(step)] = os.path.join(folder, name)
+    skipped = []
+    for step in sorted(steps, reverse=True):
+        problem = checkpoint_problem(steps[step])
+        if problem is None:
+            return steps[step], skipped
+        skipped.append((steps[step], problem))
+    return None, skipped
 
 
 class MemoryTrainer(Trainer):
@@ -71,6 +122,7 @@ class MemoryTrainer(Trainer):
         self._memory = {"train": None, "eval": None}
         self._mode = "train"
         self._restored_memory = None
+        self._staging_root = None
         self._eval_totals = None
         self._warned_no_mems = False
         self.add_callback(_MemoryLifecycle(self))
@@ -191,13 +243,54 @@ class MemoryTrainer(Trainer):
     def train(self, resume_from_checkpoint=None, **kwargs):
         """Trainer.train; a resume also reloads this process's training memory (see the module docstring)."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            resume_from_checkpoint, skipped = last_complete_checkpoint(self.args.output_dir)
+            for path, problem in skipped:
+                logger.warning(f"MemoryTrainer: skipped the incomplete checkpoint {path} ({problem}).")
             if resume_from_checkpoint is None:
-                raise ValueError(f"MemoryTrainer: no checkpoint found in {self.args.output_dir} to resume from.")
+                raise ValueError(f"MemoryTrainer: no complete checkpoint in {self.args.output_dir} to resume from.")
+        elif resume_from_checkpoint and (problem := checkpoint_problem(resume_from_checkpoint)) is not None:
+            raise ValueError(f"MemoryTrainer: the checkpoint {resume_from_checkpoint} is incomplete ({problem}).")
         self._restored_memory = None
         if resume_from_checkpoint and not self.args.ignore_data_skip:
             self._restored_memory = self._load_memory(resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        """Trainer's checkpoint, written into OUTPUT/.partial/checkpoint-N with every process's memory, listed in
+        CHECKPOINT_FILES and renamed to OUTPUT/checkpoint-N when complete (see the module docstring)."""
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_root = os.path.join(self.args.output_dir, STAGING)
+        staging, final = os.path.join(staging_root, name), os.path.join(self.args.output_dir, name)
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # (left by a run killed while saving this step)
+        self.accelerator.wait_for_everyone()
+        self._staging_root = staging_root
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_root = None
+        if not (self.state.epoch is not None and float(self.state.epoch).is_integer()):
+            self._save_memory(staging)  # (at an epoch's end the next step starts with an empty memory)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            if self.state.best_model_checkpoint == staging:
+                self.state.best_model_checkpoint = final
+                self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+            sizes = {entry.name: entry.stat().st_size for entry in os.scandir(staging) if entry.is_file()}
+            with open(os.path.join(staging, CHECKPOINT_FILES), "w", encoding="utf-8") as file:
+                json.dump({"files": sizes}, file, indent=2)
+            _umask_permissions(Path(staging))
+            shutil.rmtree(final, ignore_errors=True)  # (an incomplete one of an earlier run of this step)
+            os.rename(staging, final)
+            with contextlib.suppress(OSError):
+                os.rmdir(staging_root)  # (when no other staging folder is in it)
+            rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint,
+                               use_mtime=True)  # fmt: skip
+        self.accelerator.wait_for_everyone()
+
+    def _get_output_dir(self, trial):
+        """While a checkpoint is saved: the staging folder, where Trainer writes it."""
+        return self._staging_root or super()._get_output_dir(trial)
 
     def _issue_warnings_after_load(self, load_result):
         """Trainer reloads a checkpoint's weights with torch's `load_state_dict`, which lists as missing the tied
@@ -240,16 +333,10 @@ class MemoryTrainer(Trainer):
 
 
 class _MemoryLifecycle(TrainerCallback):
-    """Empties the training memory at each epoch start (a resume mid-epoch takes the saved one instead) and saves
-    it with every checkpoint."""
+    """Empties the training memory at each epoch start (a resume mid-epoch takes the saved one instead)."""
 
     def __init__(self, trainer: MemoryTrainer):
         self.trainer = trainer
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.trainer._memory["train"], self.trainer._restored_memory = self.trainer._restored_memory, None
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.epoch is not None and float(state.epoch).is_integer():
-            return  # the next step starts a new epoch, with an empty memory
-        self.trainer._save_memory(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))

@@ -5,46 +5,57 @@
                           [--tgt-len L] [--mem-len M] [--eval-tgt-len L] [--learning-rate LR] [--warmup-steps N]
                           [--cutoffs A,B,C | none] [--min-freq N] [--max-size N] [--varlen] [--bf16]
                           [--save-steps N] [--eval-steps N] [--logging-steps N] [--report-to ...] [--seed N]
-                          [--threads N] [--resume | --overwrite]
+                          [--threads N] [--allow-unknown] [--resume | --overwrite]
 
 The files are read as the original corpus readers read them (training/corpus.py: already tokenised text, one
 sentence or paragraph per line, `<eos>` per line for the word recipes; space-separated characters for enwik8 /
 text8); the vocabulary is built as the original builds it (word counts over the training file with `--min-freq` /
 `--max-size`, or every symbol of every split for the character recipes), or read from `--vocab` (one symbol per
 line, the first column). Vocabulary and id streams are cached in OUTPUT_DIR/corpus/ and reused by a rerun on the
-same files and settings. Training is `MemoryTrainer` over `TextStream`s (every token predicted, the memory carried
-from step to step); `accelerate launch` runs it on several processes or GPUs (the recipe's batch is the global
-one). At the end the model is evaluated with the paper's protocol (docs/evaluation.md) on the validation (and
-test) file, and OUTPUT_DIR holds the model and its tokenizer, ready for `AutoModelForCausalLM` / `AutoTokenizer`,
-`transformers-xl evaluate` and `push_to_hub`. Example (a minute on 2 CPU cores):
+same files and settings. One run at a time writes into OUTPUT_DIR and removes only what it wrote
+(training/run_folder.py). Training is `MemoryTrainer` over `TextStream`s (every token predicted, the memory
+carried from step to step, checkpoints complete or absent, `--resume` from the last complete one); `accelerate
+launch` runs it on several processes or GPUs (the recipe's batch is the global one). At the end the model is
+evaluated with the paper's protocol (docs/evaluation.md) on the validation (and test) file, and OUTPUT_DIR holds
+the model and its tokenizer, ready for `AutoModelForCausalLM` / `AutoTokenizer`, `transformers-xl evaluate` and
+`push_to_hub`. Example (a minute on 2 CPU cores):
 
     transformers-xl train --recipe tiny --train-file train.txt --valid-file valid.txt --output-dir tiny-run
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
+import math
 import os
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .arguments import non_negative_int, positive_float, positive_int
-from .corpus import CorpusError, check_readable, count_vocabulary, encode_file
+from .corpus import CorpusError, check_encoded, check_readable, check_vocabulary, count_vocabulary, encode_file
 from .evaluate import config_settings, evaluate_stream
-from .memory_trainer import MemoryTrainer
+from .memory_trainer import STAGING, MemoryTrainer, last_complete_checkpoint
 from .recipes import RECIPES, learning_rate_factor, scaled
+from .run_folder import CORPUS, OutputFolderError, RunFolder, is_corpus_cache
 from .streams import TextStream
 
-CORPUS_FOLDER = "corpus"
+INTERRUPTED = 130  # the exit status of a run stopped with Ctrl-C (128 + SIGINT)
+RESULTS = "eval_results.json"  # the final evaluation, written last: its presence says that the run is finished
 
 
 class TrainingError(ValueError):
     """Options, files or folders that cannot be used, said in one line."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the message says at which step and how to resume."""
 
 
 def _cutoffs(text):
@@ -78,6 +89,8 @@ def add_arguments(parser):
     parser.add_argument("--cutoffs", type=_cutoffs, help="adaptive softmax cutoffs, e.g. 1000,5000, or none")
     parser.add_argument("--min-freq", type=non_negative_int, default=0, help="drop words seen fewer times (default: 0)")
     parser.add_argument("--max-size", type=positive_int, help="keep at most this many counted words")
+    parser.add_argument("--allow-unknown", action="store_true",
+                        help="train even when more than half of the symbols of a file are not in the vocabulary")  # fmt: skip
     parser.add_argument("--varlen", action="store_true", help="segment lengths drawn like the original --varlen")
     parser.add_argument("--bf16", action="store_true", help="train and evaluate under bfloat16 autocast")
     parser.add_argument("--save-steps", type=positive_int, default=1000, help="checkpoint every N steps (default: 1000)")
@@ -91,8 +104,10 @@ def add_arguments(parser):
         "spinning while they wait for a core",
     )  # fmt: skip
     existing = parser.add_mutually_exclusive_group()
-    existing.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    existing.add_argument("--overwrite", action="store_true", help="start again in an existing --output-dir")
+    existing.add_argument("--resume", action="store_true",
+                          help="continue from the last complete checkpoint of the run in --output-dir")  # fmt: skip
+    existing.add_argument("--overwrite", action="store_true",
+                          help="start the run in --output-dir again (removes only what train wrote there)")  # fmt: skip
 
 
 def run(args) -> int:
@@ -100,10 +115,22 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     try:
         plan = prepare(args)
-        results = train(plan)
-    except (TrainingError, CorpusError) as error:
-        print(f"transformers-xl train: {error}", file=sys.stderr)
-        return 2
+        # (the main process of an `accelerate launch` holds the lock for all of them)
+        with plan["folder"].locked() if plan["main"] else contextlib.nullcontext(plan["folder"]):
+            results = train_in_folder(plan)
+    except (TrainingError, CorpusError, OutputFolderError) as error:
+        return _fail(str(error))
+    except KeyboardInterrupt as interrupted:
+        _fail(str(interrupted) if isinstance(interrupted, TrainingInterrupted) else "interrupted before training "
+              "started; run the command again to start.")  # fmt: skip
+        return INTERRUPTED
+    except SafetensorError as error:
+        return _fail(f"writing or reading weights in {args.output_dir} failed: {error}")
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else f"{args.output_dir}: "
+        return _fail(f"{where}{error.strerror or error}")
+    if results is None:
+        return 0
     for name, result in results.items():
         print(f"{name}: loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | "
               f"bits per {result['unit']} {result['loss'] / np.log(2):.4f}")  # fmt: skip
@@ -111,11 +138,16 @@ def run(args) -> int:
     return 0
 
 
+def _fail(message: str) -> int:
+    print(f"transformers-xl train: {message}", file=sys.stderr)
+    return 2
+
+
 # --- the plan: recipe, output folder, corpus ---------------------------------------------------------------------
 
 
 def prepare(args) -> dict:
-    """Everything checked and the corpus encoded (or read from the cache) before any training starts."""
+    """Options and input files checked, nothing written: the plan of the run."""
     recipe = scaled(RECIPES[args.recipe], args.scale)
     tgt_len = args.tgt_len or recipe.tgt_len
     recipe = replace(
@@ -133,19 +165,65 @@ def prepare(args) -> dict:
     output = Path(args.output_dir)
     if output.exists() and not output.is_dir():
         raise TrainingError(f"--output-dir {output} is a file; expected a folder (created if missing).")
+    for option, path in [*((f"--{split}-file", path) for split, path in files.items()), ("--vocab", vocab_file)]:
+        if path is not None and output.resolve() in (path.resolve(), *path.resolve().parents):
+            raise TrainingError(f"--output-dir {output} holds {option} {path}; pick an output folder apart from the "
+                                "inputs (train would write over them).")  # fmt: skip
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     if recipe.batch_size % processes:
         raise TrainingError(f"--batch-size {recipe.batch_size} does not split over {processes} processes.")
     training_args = training_arguments(args, recipe, output, processes)
-    with training_args.main_process_first(desc="the output folder and the corpus"):  # (one process writes them)
-        prepare_output_folder(output, args.resume, args.overwrite)
-        symbols, streams = load_corpus(recipe, files, vocab_file, args, output / CORPUS_FOLDER)
+    mem_len = tgt_len if args.mem_len is None else args.mem_len
     cutoffs = args.cutoffs if args.cutoffs is not None else recipe.model.get("cutoffs", [])
-    check_cutoffs(recipe, cutoffs, len(symbols), args.cutoffs is not None)
-    check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], processes))
-    return {"args": args, "recipe": recipe, "symbols": symbols, "streams": streams, "cutoffs": cutoffs,
-            "output": output, "mem_len": tgt_len if args.mem_len is None else args.mem_len,
-            "training_args": training_args, "processes": processes}  # fmt: skip
+    settings = {
+        "recipe": recipe.name, "scale": args.scale, "batch_size": recipe.batch_size, "tgt_len": tgt_len,
+        "mem_len": mem_len, "eval_tgt_len": recipe.eval_tgt_len, "learning_rate": recipe.learning_rate,
+        "warmup_steps": recipe.warmup_steps, "max_steps": recipe.max_steps, "cutoffs": cutoffs,
+        "min_freq": args.min_freq, "max_size": args.max_size, "varlen": args.varlen, "bf16": args.bf16,
+        "processes": processes, "files": {split: _content(path) for split, path in files.items()},
+        "vocab": _content(vocab_file) if vocab_file else None,
+    }  # fmt: skip
+    return {"args": args, "recipe": recipe, "files": files, "vocab_file": vocab_file, "cutoffs": cutoffs,
+            "output": output, "folder": RunFolder(output), "mem_len": mem_len, "settings": settings,
+            "training_args": training_args, "processes": processes, "main": training_args.process_index == 0}  # fmt: skip
+
+
+def open_output(plan):
+    """The folder opened for the run (fresh, overwritten or resumed), the corpus encoded or read from the cache and
+    checked, and for a resume the checkpoint to continue; a failure leaves no folder this run created."""
+    args, recipe, folder = plan["args"], plan["recipe"], plan["folder"]
+    try:
+        with plan["training_args"].main_process_first(desc="the output folder and the corpus"):  # (one writes them)
+            if plan["main"]:
+                folder.open(plan["settings"], args.resume, args.overwrite)
+            else:
+                folder.marker = folder.read_marker()
+            symbols, streams = load_corpus(recipe, plan["files"], plan["vocab_file"], args, folder)
+        check_cutoffs(recipe, plan["cutoffs"], len(symbols), args.cutoffs is not None)
+        check_lengths(streams, recipe.batch_size, max(recipe.eval_settings["batch_size"], plan["processes"]))
+    except BaseException:
+        if plan["main"]:
+            folder.discard()
+        raise
+    checkpoint = resume_checkpoint(plan) if args.resume else None
+    return {**plan, "symbols": symbols, "streams": streams, "checkpoint": checkpoint}
+
+
+def resume_checkpoint(plan) -> Path:
+    """The last complete checkpoint of the run, said on stderr with the incomplete ones skipped."""
+    output = plan["output"]
+    checkpoint, skipped = last_complete_checkpoint(output)
+    for path, problem in skipped if plan["main"] else []:
+        _say(f"--resume: skipped the incomplete checkpoint {path} ({problem})")
+    if checkpoint is None:
+        raise TrainingError(f"--resume: {output} holds no complete checkpoint to resume from.")
+    if plan["main"]:
+        _say(f"--resume: continuing from {checkpoint} (step {_step(Path(checkpoint))} of {plan['recipe'].max_steps})")
+    return Path(checkpoint)
+
+
+def _say(message: str):
+    print(f"transformers-xl train: {message}", file=sys.stderr, flush=True)
 
 
 def training_arguments(args, recipe, output: Path, processes: int):
@@ -160,24 +238,6 @@ def training_arguments(args, recipe, output: Path, processes: int):
         logging_steps=args.logging_steps, report_to=args.report_to, seed=args.seed, bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(), dataloader_pin_memory=False, disable_tqdm=False,
     )  # fmt: skip
-
-
-def prepare_output_folder(output: Path, resume: bool, overwrite: bool):
-    """Refuse a folder with anything but the corpus cache in it, unless resuming or overwriting (which keeps the
-    cache: it is checked against the files before reuse)."""
-    contents = [path for path in output.iterdir() if path.name != CORPUS_FOLDER] if output.is_dir() else []
-    if resume:
-        if not any(path.name.startswith("checkpoint-") for path in contents):
-            raise TrainingError(f"--resume: {output} holds no checkpoint to resume from.")
-    elif contents:
-        if not overwrite:
-            raise TrainingError(
-                f"--output-dir {output} already holds a run ({', '.join(sorted(p.name for p in contents)[:3])}, ...); "
-                "pass --resume to continue it or --overwrite to start again."
-            )
-        for path in contents:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    output.mkdir(parents=True, exist_ok=True)
 
 
 def check_lengths(streams, train_rows, eval_rows):
@@ -205,39 +265,46 @@ def check_cutoffs(recipe, cutoffs, vocab_size, given):
         )
 
 
-def load_corpus(recipe, files, vocab_file, args, cache: Path):
-    """(vocabulary, {split: id stream}): from the cache when it was made from the same files and settings, else
-    counted / read and encoded, and cached."""
+def load_corpus(recipe, files, vocab_file, args, folder: RunFolder):
+    """(vocabulary, {split: id stream}): from the cache OUTPUT/corpus when it was made from the same files and
+    settings, else counted / read, encoded, checked and cached."""
     key = {
         "recipe": recipe.name, "line_end": recipe.line_end, "special": recipe.special, "unk": recipe.unk_token,
-        "min_freq": args.min_freq, "max_size": args.max_size,
+        "min_freq": args.min_freq, "max_size": args.max_size, "allow_unknown": args.allow_unknown,
         "files": {split: _fingerprint(path) for split, path in files.items()},
         "vocab": _fingerprint(vocab_file) if vocab_file else None,
     }  # fmt: skip
+    cache = folder.path / CORPUS
     key_file = cache / "key.json"
-    if key_file.is_file() and json.loads(key_file.read_text()) == json.loads(json.dumps(key)):
+    if is_corpus_cache(cache) and json.loads(key_file.read_text()) == json.loads(json.dumps(key)):
         symbols = (cache / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
         streams = {split: np.load(cache / f"{split}.npy", mmap_mode="r") for split in files}
-        print(f"transformers-xl train: reusing the encoded corpus in {cache}", file=sys.stderr)
+        _say(f"reusing the encoded corpus in {cache}")
         return symbols, streams
     symbols = read_vocab(vocab_file) if vocab_file else build_vocabulary(recipe, files, args)
     if recipe.unk_token and recipe.unk_token not in symbols:
         raise TrainingError(f"--vocab {vocab_file}: no {recipe.unk_token} in it; the {recipe.name} recipe's tokenizer "
                             "encodes unseen words with it (the original requires it too).")  # fmt: skip
     vocab = {symbol: index for index, symbol in enumerate(symbols)}
-    cache.mkdir(parents=True, exist_ok=True)
-    key_file.unlink(missing_ok=True)  # (the cache is valid only once every file is written)
-    streams = {}
+    encoded = {}
     for split, path in files.items():
-        encoded = encode_file(path, vocab, recipe.line_end, recipe.unk_token, description=f"encoding {split}")
-        if encoded.unknown:
-            print(f"transformers-xl train: {split}: {encoded.unknown} of {encoded.words} symbols are not in the "
-                  f"vocabulary ({encoded.unknown / encoded.words:.3%}), encoded as {recipe.unk_token}", file=sys.stderr)  # fmt: skip
-        np.save(cache / f"{split}.npy", encoded.ids)
-        streams[split] = np.load(cache / f"{split}.npy", mmap_mode="r")
+        encoded[split] = encode_file(path, vocab, recipe.line_end, recipe.unk_token, description=f"encoding {split}")
+        check_encoded(path, encoded[split], recipe.unk_token, allow_unknown=True)  # (a file without symbols first)
+    source = f"--vocab {vocab_file}" if vocab_file else f"the vocabulary counted with --min-freq {args.min_freq}"
+    check_vocabulary(symbols, {*recipe.special, recipe.unk_token}, source)
+    for split, path in files.items():
+        check_encoded(path, encoded[split], recipe.unk_token, args.allow_unknown)
+        if encoded[split].unknown:
+            _say(f"{split}: {encoded[split].unknown} of {encoded[split].words} symbols are not in the vocabulary "
+                 f"({encoded[split].unknown / encoded[split].words:.3%}), encoded as {recipe.unk_token}")  # fmt: skip
+    folder.claim(CORPUS)
+    cache.mkdir(exist_ok=True)
+    key_file.unlink(missing_ok=True)  # (the cache is valid only once every file is written)
+    for split in files:
+        np.save(cache / f"{split}.npy", encoded[split].ids)
     (cache / "vocab.txt").write_text("".join(f"{symbol}\n" for symbol in symbols), encoding="utf-8")
     key_file.write_text(json.dumps(key))
-    return symbols, streams
+    return symbols, {split: np.load(cache / f"{split}.npy", mmap_mode="r") for split in files}
 
 
 def _fingerprint(path: Path) -> dict:
@@ -246,6 +313,12 @@ def _fingerprint(path: Path) -> dict:
     with open(path, "rb") as file:
         head = hashlib.sha256(file.read(1 << 20)).hexdigest()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head": head}
+
+
+def _content(path: Path) -> dict:
+    """What a resume compares of an input file: its size and the hash of its first MiB (not its path or time)."""
+    fingerprint = _fingerprint(path)
+    return {"size": fingerprint["size"], "head": fingerprint["head"]}
 
 
 def read_vocab(path: Path) -> list[str]:
@@ -269,16 +342,39 @@ def build_vocabulary(recipe, files, args) -> list[str]:
 
 
 class RecipeTrainer(MemoryTrainer):
-    """MemoryTrainer whose evaluations keep train.py's attention length: segments of eval_tgt_len with a memory of
-    mem_len + tgt_len - eval_tgt_len."""
+    """MemoryTrainer whose evaluations keep train.py's attention length (segments of eval_tgt_len with a memory of
+    mem_len + tgt_len - eval_tgt_len), whose checkpoints are listed in the run folder's manifest before they are
+    written, and which stops at a non-finite loss."""
 
-    def __init__(self, *args, eval_mem_len: int, **kwargs):
+    def __init__(self, *args, eval_mem_len: int, folder: RunFolder | None, **kwargs):
         super().__init__(*args, **kwargs)
         self.eval_mem_len = eval_mem_len
+        self.folder = folder  # (None in the processes of an `accelerate launch` but the main one)
+
+    def _save_checkpoint(self, model, trial):
+        """MemoryTrainer's; torch.save's failures (a full disk is a RuntimeError there) said in one line."""
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.folder is not None:
+            self.folder.claim(STAGING, name)
+        try:
+            super()._save_checkpoint(model, trial)
+        except RuntimeError as error:
+            raise TrainingError(f"{self.args.output_dir}: writing {name} failed ({str(error).splitlines()[0]}); is "
+                                "the disk full?") from None  # fmt: skip
 
     def evaluation_loop(self, *args, **kwargs):
         with config_settings(self.model.config, mem_len=self.eval_mem_len):
             return super().evaluation_loop(*args, **kwargs)
+
+    def training_step(self, *args, **kwargs):
+        """Trainer's step; a non-finite loss stops the run (Trainer would log the mean of the finite ones)."""
+        loss = super().training_step(*args, **kwargs)
+        if not torch.isfinite(loss).all():
+            raise TrainingError(
+                f"the training loss is {loss.item()} at step {self.state.global_step + 1}; training stopped (the "
+                "checkpoints before it are kept). A lower --learning-rate or more --warmup-steps may help."
+            )
+        return loss
 
 
 def build_model(plan):
@@ -324,11 +420,26 @@ def build_tokenizer(plan):
     )  # fmt: skip
 
 
-def train(plan) -> dict:
-    from .demo import save_model
+def train_in_folder(plan) -> dict | None:
+    """Open the output folder, then train and evaluate; None for a finished run resumed (nothing to do)."""
+    plan = open_output(plan)
+    checkpoint, output, max_steps = plan["checkpoint"], plan["output"], plan["recipe"].max_steps
+    finished = plan["folder"].owns(RESULTS) and (output / RESULTS).is_file()
+    if checkpoint is not None and _step(checkpoint) >= max_steps and finished:
+        if plan["main"]:
+            _say(f"--resume: the run in {output} is finished (step {_step(checkpoint)} of {max_steps}); its results "
+                 f"are in {output / RESULTS}, left as they are.")  # fmt: skip
+        return None
+    return train(plan)
 
+
+def _step(checkpoint: Path) -> int:
+    return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+
+
+def train(plan) -> dict:
     args, recipe, output, training_args = plan["args"], plan["recipe"], plan["output"], plan["training_args"]
-    processes, eval_batch = plan["processes"], training_args.per_device_eval_batch_size
+    processes, eval_batch, folder = plan["processes"], training_args.per_device_eval_batch_size, plan["folder"]
     model = build_model(plan)
     tokenizer = build_tokenizer(plan)
     if len(tokenizer) != model.config.vocab_size:
@@ -343,21 +454,49 @@ def train(plan) -> dict:
     trainer = RecipeTrainer(
         model=model, args=training_args, train_dataset=train_stream, eval_dataset=valid_stream,
         optimizers=(optimizer, schedule), eval_mem_len=plan["mem_len"] + recipe.tgt_len - recipe.eval_tgt_len,
+        folder=folder if plan["main"] else None,
     )  # fmt: skip
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
-
-    model = trainer.model.eval()
-    final = recipe.eval_settings
-    results = {}
-    if trainer.is_world_process_zero():
-        for split in [s for s in ("valid", "test") if s in streams]:
-            ids = torch.from_numpy(np.array(streams[split], dtype=np.int64))
-            results[split] = evaluate_stream(
-                model, ids, final["batch_size"], final["tgt_len"], final["mem_len"], final["clamp_len"],
-                final["same_length"], bf16=args.bf16,
-            ) | {"unit": "character" if recipe.character_level else "token"}  # fmt: skip
-        with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
-            save_model(model, tokenizer, output)
-        (output / "eval_results.json").write_text(json.dumps({"settings": final, "results": results}, indent=2))
+    if plan["main"] and args.report_to != ["none"] and not (output / "runs").exists():
+        folder.claim("runs")  # (where Trainer's tensorboard logger writes)
+    checkpoint = plan["checkpoint"]
+    try:
+        if checkpoint is not None and _step(checkpoint) >= recipe.max_steps:
+            trainer._load_from_checkpoint(str(checkpoint))  # (all steps done; the final model was not written)
+        else:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        results = write_final(plan, trainer, tokenizer) if trainer.is_world_process_zero() else {}
+    except KeyboardInterrupt:
+        last, _ = last_complete_checkpoint(output)
+        how = "no checkpoint was written yet: run the same command with --overwrite to start again"
+        if last:
+            how = f"the last complete checkpoint is {last}: run the same command with --resume to continue from it"
+        step = trainer.state.global_step
+        raise TrainingInterrupted(f"interrupted at step {step} of {recipe.max_steps}; {how}.") from None
     trainer.accelerator.end_training()
+    return results
+
+
+def write_final(plan, trainer, tokenizer) -> dict:
+    """The paper's evaluation of the trained model on the validation (and test) file; the model (with the
+    evaluation settings in its config), tokenizer and results written into a staging folder and moved into the
+    output folder, the results last. A non-finite loss writes nothing."""
+    from .demo import save_model
+
+    recipe, streams, final = plan["recipe"], plan["streams"], plan["recipe"].eval_settings
+    model = trainer.model.eval()
+    results = {}
+    for split in [s for s in ("valid", "test") if s in streams]:
+        ids = torch.from_numpy(np.array(streams[split], dtype=np.int64))
+        results[split] = evaluate_stream(
+            model, ids, final["batch_size"], final["tgt_len"], final["mem_len"], final["clamp_len"],
+            final["same_length"], bf16=plan["args"].bf16,
+        ) | {"unit": "character" if recipe.character_level else "token"}  # fmt: skip
+        if not math.isfinite(results[split]["loss"]):
+            raise TrainingError(f"the final evaluation on the {split} file gives a loss of {results[split]['loss']} "
+                                "(non-finite weights); the model is not written.")  # fmt: skip
+    staging = plan["folder"].staging("final")
+    with config_settings(model.config, **{k: final[k] for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}):
+        save_model(model, tokenizer, staging)
+    (staging / RESULTS).write_text(json.dumps({"settings": final, "results": results}, indent=2))
+    plan["folder"].move_in(staging, last=RESULTS)
     return results
