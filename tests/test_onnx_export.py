@@ -4,6 +4,7 @@ independently of the command's own verification); --dynamic frees the batch size
 int8 quantizes every weight product; bad input fails in one line and leaves no OUTPUT."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from test_export import MEM_LEN, VOCAB, ids, tiny  # noqa: E402
 
 from transformers_xl.cli import main  # noqa: E402
 from transformers_xl.deployment import onnx_export  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def export(tmp_path, name, *options, **overrides):
@@ -80,6 +83,28 @@ def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, cap
     lengths = [7, 3, 12, 4] if name == "XLNetForQuestionAnswering" else [7, 1, 12, 2]
     segments = [torch.randint(1, VOCAB, (3, n), generator=torch.Generator().manual_seed(n)) for n in lengths]
     assert stream(model, output, segments).shape[1] == MEM_LEN
+
+
+@pytest.mark.parametrize(
+    "source, source_format, same_length, options",
+    [
+        ("hf_legacy/transfo_xl_lm", "hf-legacy", False, ["--quantize", "int8"]),
+        ("hf_legacy/transfo_xl_lm", "hf-legacy", True, []),
+        ("original_pytorch/div2_tied/model.pt", "original-pytorch", False, []),
+    ],
+)
+def test_dynamic_export_of_converted_checkpoints(tmp_path, capsys, source, source_format, same_length, options):
+    """--dynamic for converted Transformer-XL checkpoints, `same_length` False as well as True: the relative shift's
+    view of the flattened scores failed to trace (GuardOnDataDependentSymNode); the copy torch.export traces does."""
+    folder = tmp_path / "converted"
+    assert main(["convert", str(FIXTURES / source), str(folder), "--from", source_format]) == 0
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "same_length": same_length}))
+    command = ["export", str(folder), str(tmp_path / "onnx"), "--format", "onnx", "--dynamic", "--segment-length", "5"]
+    assert main(command + options) == 0
+    message = capsys.readouterr().err
+    assert "verified the graph in ONNX Runtime" in message
+    assert ("verified the int8 graph" in message) == ("int8" in options)
 
 
 def test_int8_graph_quantizes_every_weight_product_and_says_how_close_it_is(tmp_path, capsys):
