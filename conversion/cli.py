@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import hub_configs
 from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, write_folder
-from .publish import OutputError, OutputExists, check_output
+from .publish import OutputError, OutputExists, check_apart, check_output
 from .push import push_with_options
 
 
@@ -73,9 +73,11 @@ def run(args) -> int:
     if (args.private or args.revision or args.dry_run) and not args.push_to:
         log("--private, --revision and --dry-run need --push-to")
         return 2
-    source, output = Path(args.source).absolute(), Path(args.output).absolute()
-    if output == source or output in source.parents:
-        log(f"OUTPUT {args.output} would replace SOURCE {args.source}; write elsewhere")
+    output = Path(args.output).absolute()
+    try:
+        check_apart(output, Path(args.source))
+    except OutputError as error:
+        log(str(error))
         return 2
     previous_handler = signal.signal(signal.SIGTERM, _terminated)
     try:
@@ -86,7 +88,7 @@ def run(args) -> int:
 
 def _convert_and_push(args, output: Path) -> int:
     try:
-        check_output(output, args.force, say=log)  # (before reading the source, which can take minutes)
+        check_output(output, "convert", args.force, say=log)  # (before reading the source, which can take minutes)
         converted = read_source(args)
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, with_tokenizer=not args.no_tokenizer,
