@@ -43,9 +43,10 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
     decreasing order. Shifting row i left by i is a view (the "skewing" trick of Dai et al. App. B / Huang et al.
     2018): flattened, element (i, j) sits at `i (R - 1) + j + offset`, so the shifted scores are the flat scores
     from `offset` on, read in rows of R - 1, first `key_length` columns. No copy, pad or gather, and only plain
-    views, which autograd and torch.compile handle like any slice. It needs `offset <= q` and `key_length < R`
-    (one distance more than keys): Transformer-XL lists distances k-1 ... -1 (`offset = q - 1`), XLNet k ... -q+1
-    or k ... 0 (`offset = q`). Entries that read the next row's start belong to future keys, which are masked.
+    views, which autograd and torch.compile handle like any slice (torch.export gets `_shifted_copy`). It needs
+    `offset <= q` and `key_length < R` (one distance more than keys): Transformer-XL lists distances k-1 ... -1
+    (`offset = q - 1`), XLNet k ... -q+1 or k ... 0 (`offset = q`). Entries that read the next row's start belong to
+    future keys, which are masked.
     """
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
