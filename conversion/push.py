@@ -37,7 +37,8 @@ NEVER_UPLOADED_NAMES = [
 ]  # fmt: skip
 """Never uploaded, not even with --include, at any depth: secrets and training state (a folder's name excludes
 everything in it)."""
-NEVER_UPLOADED = [pattern for name in NEVER_UPLOADED_NAMES for pattern in (name, f"{name}/*", f"*/{name}", f"*/{name}/*")]
+NEVER_UPLOADED = [pattern for name in NEVER_UPLOADED_NAMES
+                  for pattern in (name, f"{name}/*", f"*/{name}", f"*/{name}/*")]  # fmt: skip
 
 
 def log(message: str):
@@ -122,7 +123,7 @@ def check_weights(folder: Path, paths: list[str]):
 
 
 def push_folder(folder, repo_id: str, *, private: bool = True, revision: str | None = None, include=(),
-                dry_run: bool = False, endpoint: str | None = None, token: str | None = None) -> str | None:  # fmt: skip
+                dry_run: bool = False, endpoint: str | None = None, token: str | None = None):  # fmt: skip
     """Upload the model files of `folder` (see the module docstring) to the model repo `repo_id` in ONE commit,
     creating the repo (private unless `private=False`) and the branch `revision` if needed. `dry_run` prints what
     would go where and sends nothing. Returns the commit URL."""

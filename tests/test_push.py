@@ -97,10 +97,11 @@ def test_convert_onto_an_existing_folder_with_push_to_points_at_push(converted, 
 def committed_files(hub) -> set[str]:
     commits = [body for _, path, body in hub if "/commit/" in path]
     assert len(commits) == 1
-    return {line["value"]["path"] for line in map(json.loads, commits[0].decode().splitlines()) if line["key"] == "file"}
+    lines = [json.loads(line) for line in commits[0].decode().splitlines()]
+    return {line["value"]["path"] for line in lines if line["key"] == "file"}
 
 
-def test_only_the_models_files_are_uploaded_never_secrets_or_training_state(converted, tmp_path, hub, capsys):  # noqa: F811
+def test_only_the_models_files_go_up_never_secrets_or_training_state(converted, tmp_path, hub, capsys):  # noqa: F811
     """A training run's folder with the user's secrets in it: only the model goes up; --include adds a file of the
     user's, and cannot add a key or training state."""
     folder = tmp_path / "run"

@@ -69,7 +69,7 @@ def add_arguments(parser):
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--json", metavar="PATH", help="also write the settings and results to this JSON file")
     parser.add_argument("--allow-unknown", action="store_true",
-                        help=f"evaluate a text even if over {MAX_UNKNOWN_RATE:.0%} of its symbols are <unk>")  # fmt: skip
+                        help=f"evaluate a text of which over {MAX_UNKNOWN_RATE:.0%} of the symbols are <unk>")
 
 
 def run(args) -> int:
@@ -113,8 +113,9 @@ def check_unknown_rate(path, unknown: int, symbols: int, allow_unknown: bool = F
     on word text, another model's vocabulary): its loss measures the <unk> token, not the model."""
     if symbols and unknown / symbols > MAX_UNKNOWN_RATE and not allow_unknown:
         raise CorpusError(
-            f"{path}: {unknown / symbols:.1%} of its {symbols} symbols are not in the model's vocabulary (<unk>), over "
-            f"{MAX_UNKNOWN_RATE:.0%}: the text does not match the tokenizer; pass --allow-unknown to evaluate it anyway."
+            f"{path}: {unknown / symbols:.1%} of its {symbols} symbols are not in the model's vocabulary (<unk>), "
+            f"over {MAX_UNKNOWN_RATE:.0%}: the text does not match the tokenizer; pass --allow-unknown to evaluate it "
+            "anyway."
         )
 
 
