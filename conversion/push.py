@@ -20,6 +20,8 @@ from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 from safetensors import SafetensorError, safe_open
 from transformers.dynamic_module_utils import get_relative_import_files
 
+from .publish import MARKER
+
 MODEL_TYPES = ("transfo-xl", "xlnet")
 WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 MODEL_FILES = [
@@ -78,13 +80,19 @@ def check_model_folder(folder: Path):
         return
     if not (folder / WEIGHTS_INDEX).is_file():
         raise ValueError(f"{folder}: no weights; expected {WEIGHTS} or {WEIGHTS_INDEX} with its shards.")
-    try:
-        shards = set(json.loads((folder / WEIGHTS_INDEX).read_text(encoding="utf-8"))["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{folder / WEIGHTS_INDEX}: not a weights index ({error}).") from None
-    missing = sorted(name for name in shards if not (folder / name).is_file())
+    missing = [name for name in index_shards(folder) if not (folder / name).is_file()]
     if missing:
         raise ValueError(f"{folder}: the weights index names shards that are missing: {', '.join(missing)}.")
+
+
+def index_shards(folder: Path) -> list[str]:
+    """The weight files FOLDER's index names (none without an index)."""
+    if not (folder / WEIGHTS_INDEX).is_file():
+        return []
+    try:
+        return sorted(set(json.loads((folder / WEIGHTS_INDEX).read_text(encoding="utf-8"))["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{folder / WEIGHTS_INDEX}: not a weights index ({error}).") from None
 
 
 def remote_code_files(folder: Path) -> list[str]:
@@ -103,9 +111,10 @@ def remote_code_files(folder: Path) -> list[str]:
 
 
 def files_to_upload(folder: Path, include: list[str]) -> tuple[list[str], list[str]]:
-    """(the files that go up, the files of FOLDER left out), as paths relative to FOLDER."""
+    """(the files that go up, the files of FOLDER left out but our marker), as paths relative to FOLDER."""
     every = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
-    allowed = MODEL_FILES + remote_code_files(folder) + list(include)
+    every = [path for path in every if path != MARKER]
+    allowed = MODEL_FILES + index_shards(folder) + remote_code_files(folder) + list(include)
     uploaded = list(filter_repo_objects(every, allow_patterns=allowed, ignore_patterns=NEVER_UPLOADED))
     return uploaded, [path for path in every if path not in uploaded]
 
@@ -133,7 +142,7 @@ def push_folder(folder, repo_id: str, *, private: bool = True, revision: str | N
     api = HfApi(endpoint=endpoint, token=token)
     branch = revision or "main"
     if left_out:
-        log(f"not uploaded, {len(left_out)} files that are not part of the model (--include PATTERN adds files): "
+        log(f"not uploaded, {len(left_out)} file(s) not part of the model (--include PATTERN adds files): "
             f"{', '.join(left_out[:10])}{' ...' if left_out[10:] else ''}")  # fmt: skip
     if dry_run:
         print(f"dry run: would create {'private' if private else 'public'} model repo {repo_id} (if missing; an "

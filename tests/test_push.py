@@ -35,8 +35,9 @@ def test_dry_run_lists_every_file_and_sends_nothing(converted, hub, capsys):  # 
         assert f"org/tiny/blob/v1/{path.name} ({path.stat().st_size} bytes)" in listing
 
 
-def test_push_uploads_the_converted_folder_in_one_commit(converted, hub):  # noqa: F811
+def test_push_uploads_the_converted_folder_in_one_commit(converted, hub, capsys):  # noqa: F811
     assert main(["push", str(converted), "org/tiny", "--private", "--revision", "v1"]) == 0
+    assert "not uploaded" not in capsys.readouterr().err  # (our marker stays local without a word)
     assert hub[0][:2] == ("POST", "/api/repos/create") and json.loads(hub[0][2])["visibility"] == "private"
     assert ("POST", "/api/models/org/tiny/branch/v1") in [(method, path) for method, path, _ in hub]
     commits = [body for _, path, body in hub if "/commit/" in path]
@@ -115,7 +116,7 @@ def test_only_the_models_files_go_up_never_secrets_or_training_state(converted, 
         (folder / name).write_text("secret")
     assert main(["push", str(folder), "org/tiny"]) == 0
     assert committed_files(hub) == model_files
-    assert "not uploaded, 16 files that are not part of the model" in capsys.readouterr().err
+    assert "not uploaded, 15 file(s) not part of the model" in capsys.readouterr().err
     hub.clear()
     include = ["notes.txt", ".env", "checkpoint-*", "id_rsa", "notes/*", "*optimizer.pt", "corpus/*"]
     assert main(["push", str(folder), "org/tiny", *[f"--include={pattern}" for pattern in include]]) == 0
@@ -138,3 +139,14 @@ def test_truncated_weights_are_refused_in_one_line(converted, tmp_path, hub, cap
     assert error[-1].startswith(f"transformers-xl push: error: {folder / 'model.safetensors'}: damaged weights (")
     assert error[-1].endswith("); not uploaded.")
     assert hub == []
+
+
+def test_the_shards_an_index_names_go_up(converted, tmp_path, hub):  # noqa: F811
+    def shard(folder):
+        (folder / "model.safetensors").rename(folder / "weights-part-a.safetensors")
+        index = {"metadata": {}, "weight_map": {"a": "weights-part-a.safetensors"}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    folder = broken(converted, tmp_path, shard)
+    assert main(["push", str(folder), "org/tiny"]) == 0
+    assert {"weights-part-a.safetensors", "model.safetensors.index.json"} <= committed_files(hub)
