@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .. import hub_configs
 from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, write_folder
-from .publish import OutputError, OutputExists, check_output
-from .push import push_with_options
+from .publish import OutputError, OutputExists, check_apart, check_output
+from .push import add_visibility_arguments, push_with_options
 
 
 def read_source(args):
@@ -64,18 +64,20 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
     hub = parser.add_argument_group("Hub")
     hub.add_argument("--push-to", metavar="ORG/NAME", help="upload OUTPUT to this model repo in one commit")
-    hub.add_argument("--private", action="store_true", help="create the repo private")
+    add_visibility_arguments(hub)
     hub.add_argument("--revision", help="branch to commit to (created if missing)")
     hub.add_argument("--dry-run", action="store_true", help="list what would be uploaded where, send nothing")
 
 
 def run(args) -> int:
-    if (args.private or args.revision or args.dry_run) and not args.push_to:
-        log("--private, --revision and --dry-run need --push-to")
+    if (args.public or args.private or args.revision or args.dry_run) and not args.push_to:
+        log("--public, --private, --revision and --dry-run need --push-to")
         return 2
-    source, output = Path(args.source).absolute(), Path(args.output).absolute()
-    if output == source or output in source.parents:
-        log(f"OUTPUT {args.output} would replace SOURCE {args.source}; write elsewhere")
+    output = Path(args.output).absolute()
+    try:
+        check_apart(output, Path(args.source))
+    except OutputError as error:
+        log(str(error))
         return 2
     previous_handler = signal.signal(signal.SIGTERM, _terminated)
     try:
@@ -86,7 +88,7 @@ def run(args) -> int:
 
 def _convert_and_push(args, output: Path) -> int:
     try:
-        check_output(output, args.force, say=log)  # (before reading the source, which can take minutes)
+        check_output(output, "convert", args.force, say=log)  # (before reading the source, which can take minutes)
         converted = read_source(args)
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, with_tokenizer=not args.no_tokenizer,

@@ -1,4 +1,4 @@
-"""The one writer of Hub folders: a converted checkpoint in, a verified folder out (and optionally on the Hub).
+"""The one writer of Hub folders: a converted checkpoint in, a verified folder out (`push` sends it to the Hub).
 
 The folder holds `model.safetensors` (sharded above `max_shard_size`), `config.json` naming the head and an
 `auto_map` onto the modeling files copied beside it (transformers' remote code, see `remote_code`),
@@ -16,13 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
+from huggingface_hub import ModelCard, ModelCardData
 from safetensors import SafetensorError
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from .converted import ConvertedCheckpoint, does_not_fit
-from .publish import MARKER, OutputError, StagingFolder
+from .publish import OutputError, StagingFolder
 from .remote_code import full_auto_map
 from .source_files import read_json
 
@@ -271,7 +271,8 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    with StagingFolder(output, force, marker={"command": command}, say=log) as staged, _write_failures(staged):
+    publishing = StagingFolder(output, "convert", force, marker={"command": command}, say=log)
+    with publishing as staged, _write_failures(staged):
         staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")
         model = build_model(converted)
@@ -318,32 +319,3 @@ def _write_failures(staged: StagingFolder):
             raise
         where = getattr(error, "filename", None) or staged.path
         raise OutputError(f"cannot write {staged.output}: {os.strerror(code)} (writing {where})") from error
-
-
-# --- the Hub ----------------------------------------------------------------------------------------------------
-
-
-def push_folder(folder, repo_id: str, *, private: bool = False, revision: str | None = None, dry_run: bool = False,
-                endpoint: str | None = None, token: str | None = None) -> str | None:  # fmt: skip
-    """Upload every file of `folder` to the model repo `repo_id` in ONE commit (creating the repo, and the branch
-    `revision`, if needed). `dry_run` prints what would go where and sends nothing. Returns the commit URL."""
-    folder = Path(folder)
-    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
-    api = HfApi(endpoint=endpoint, token=token)
-    branch = revision or "main"
-    if dry_run:
-        print(f"dry run: would create {'private' if private else 'public'} model repo {repo_id} (if missing) on "
-              f"{api.endpoint} and commit to branch {branch}:")  # fmt: skip
-        for path in paths:
-            size = (folder / path).stat().st_size
-            print(f"  {folder / path} -> {api.endpoint}/{repo_id}/blob/{branch}/{path} ({size} bytes)")
-        return None
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-    if revision is not None:
-        api.create_branch(repo_id, branch=revision, exist_ok=True)
-    operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=folder / path) for path in paths]
-    commit = api.create_commit(
-        repo_id, operations, commit_message="Upload model converted with transformers-xl", revision=revision
-    )
-    log(f"pushed {len(paths)} files to {commit.commit_url}")
-    return commit.commit_url

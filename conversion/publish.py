@@ -5,8 +5,10 @@ publishes it at the end with one rename:
 
 - without `force`, the rename cannot replace anything: if OUTPUT appeared meanwhile (another run, a user), it is
   kept as it is and the command fails (`OutputExists`). Two runs to one OUTPUT: the first to finish wins.
-- with `force`, only a folder this program published (config.json, weights and our marker file) is replaced; it is
-  moved aside, the new folder put in its place, then the old one deleted. Anything else at OUTPUT is refused.
+- with `force`, only a folder the same command published is replaced: our marker file names the command and the
+  files it wrote, and the folder holds nothing else. It is moved aside, the new folder put in its place, then the old
+  one deleted. Anything else at OUTPUT (another command's folder, one a user added files to, a user's folder) is
+  refused, as is an OUTPUT that is, holds or lies inside the command's source (`check_apart`).
 
 The staging folder's name records its owner, `.OUTPUT.<host>-<pid>-<start time>.<random>.partial`, so a run that
 was killed (kill -9, a crash, a power cut) leaves a folder that a later run recognises: the process no longer exists
@@ -27,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 MARKER = ".transformers-xl.json"
-"""Left in every published folder: what recognises a folder `force` may replace (not uploaded to the Hub)."""
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model.onnx")  # (model.onnx: `export`)
+"""Left in every published folder: which command wrote it and the files it wrote, what recognises a folder `force`
+may replace (not uploaded to the Hub)."""
 STAGING, REPLACED = ".partial", ".replaced"
 
 
@@ -143,24 +145,57 @@ def rename_no_replace(source: Path, target: Path):
 # --- the folder -------------------------------------------------------------------------------------------------
 
 
-def is_published(folder: Path) -> bool:
-    """A folder published here: our marker, a config.json and model weights (not a link to such a folder)."""
-    return not folder.is_symlink() and (folder / MARKER).is_file() and (folder / "config.json").is_file() and any(
-        (folder / name).is_file() for name in WEIGHTS
-    )
+def _marker(folder: Path) -> dict:
+    """The marker of a published folder, {} where there is none (or it is not ours)."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) and marker.get("written_by") == "transformers-xl" else {}
 
 
-def check_output(output: Path, force: bool, say: Callable[[str], None] = _say):
-    """Before any work: OUTPUT may be written (absent, or with `force` a folder we published), and a folder can be
-    created beside it. First removes the staging folders of killed runs (and puts back what they had moved aside)."""
+def not_replaceable(folder: Path, command: str) -> str | None:
+    """Why `command` with `force` may not replace `folder`, or None where it may: the folder must hold our marker
+    naming `command` and nothing but the files that marker lists (not a link to such a folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return "it is a link" if folder.is_symlink() else "it is not a folder"
+    marker = _marker(folder)
+    if not isinstance(marker.get("subcommand"), str) or not isinstance(marker.get("files"), list):
+        return f"no {MARKER} listing what it wrote"
+    if marker["subcommand"] != command:
+        return f"transformers-xl {marker['subcommand']} wrote it"
+    written = {Path(name) for name in marker["files"]} | {Path(MARKER)}
+    allowed = written | {parent for name in written for parent in name.parents}
+    others = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*")
+                    if path.relative_to(folder) not in allowed)  # fmt: skip
+    if others:
+        return f"it holds files {command} did not write: {', '.join(others[:5])}" + (" ..." if others[5:] else "")
+    return None
+
+
+def check_apart(output: Path, source: Path):
+    """Refuse an OUTPUT that is the command's source, holds it or lies inside it: replacing it would delete the
+    input, and writing into it would mix our files into it."""
+    output, source = Path(output).resolve(), Path(source).resolve()
+    if output == source or output in source.parents:
+        raise OutputError(f"OUTPUT {output} would replace SOURCE {source}; write elsewhere.")
+    if source in output.parents:
+        raise OutputError(f"OUTPUT {output} lies inside SOURCE {source}; write elsewhere.")
+
+
+def check_output(output: Path, command: str, force: bool, say: Callable[[str], None] = _say):
+    """Before any work: OUTPUT may be written (absent, or with `force` a folder `command` published), and a folder
+    can be created beside it. First removes the staging folders of killed runs (and puts back what they had moved
+    aside)."""
     remove_stale(output, say)
     if os.path.lexists(output):
         if not force:
             raise OutputExists(f"{output} exists; pass --force to replace it.")
-        if not is_published(output):
+        reason = not_replaceable(output, command)
+        if reason is not None:
             raise OutputError(
-                f"{output} exists and is not a folder written by transformers-xl (no {MARKER}, config.json and "
-                "model weights in it); --force replaces only such a folder. Remove it yourself or pick another OUTPUT."
+                f"{output} exists and is not a folder written by transformers-xl {command} ({reason}); --force "
+                "replaces only such a folder. Remove it yourself or pick another OUTPUT."
             )
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -170,16 +205,18 @@ def check_output(output: Path, force: bool, say: Callable[[str], None] = _say):
 
 
 class StagingFolder:
-    """`with StagingFolder(output, force) as staging:` write into `staging.path`, then `staging.publish()`; on any
-    exception (or without a publish) the staging folder is removed."""
+    """`with StagingFolder(output, command, force) as staging:` write into `staging.path`, then `staging.publish()`;
+    on any exception (or without a publish) the staging folder is removed. `command` ("convert", "export") is
+    recorded in the marker: `force` replaces only a folder of the same command."""
 
-    def __init__(self, output, force: bool = False, marker: dict | None = None, say: Callable[[str], None] = _say):
-        self.output, self.force, self.say = Path(output).absolute(), force, say
-        self.marker = {"written_by": "transformers-xl", **(marker or {})}
+    def __init__(self, output, command: str, force: bool = False, marker: dict | None = None,
+                 say: Callable[[str], None] = _say):  # fmt: skip
+        self.output, self.command, self.force, self.say = Path(output).absolute(), command, force, say
+        self.marker = {"written_by": "transformers-xl", "subcommand": command, **(marker or {})}
         self.path: Path | None = None
 
     def __enter__(self) -> "StagingFolder":
-        check_output(self.output, self.force, self.say)
+        check_output(self.output, self.command, self.force, self.say)
         self.path = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.{_owner()}.", suffix=STAGING,
                                           dir=self.output.parent))  # fmt: skip
         return self
@@ -190,7 +227,9 @@ class StagingFolder:
 
     def publish(self):
         """Move the staging folder to OUTPUT (see the module docstring); OutputExists if OUTPUT appeared."""
-        (self.path / MARKER).write_text(json.dumps(self.marker, indent=2) + "\n", encoding="utf-8")
+        files = sorted(path.relative_to(self.path).as_posix() for path in self.path.rglob("*") if not path.is_dir())
+        marker = {**self.marker, "files": files}
+        (self.path / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         _umask_permissions(self.path)
         if self.force and os.path.lexists(self.output):
             self._replace()
@@ -206,7 +245,7 @@ class StagingFolder:
     def _replace(self):
         aside = self.path.with_name(self.path.name[: -len(STAGING)] + REPLACED)
         os.rename(self.output, aside)
-        if not is_published(aside):  # (it changed since check_output)
+        if not_replaceable(aside, self.command) is not None:  # (it changed since check_output)
             rename_no_replace(aside, self.output)
             raise OutputError(f"{self.output} is no longer a folder written by transformers-xl; it is not replaced.")
         try:
@@ -216,7 +255,7 @@ class StagingFolder:
                 f"{self.output} appeared while replacing it; it is left as it is, the previous folder is at {aside}."
             ) from None
         shutil.rmtree(aside, ignore_errors=True)
-        self.say(f"replaced {self.output} (a folder written by transformers-xl)")
+        self.say(f"replaced {self.output} (a folder written by transformers-xl {self.command})")
 
 
 def _umask_permissions(folder: Path):

@@ -12,8 +12,10 @@ import argparse
 import json
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from ..conversion.publish import OutputError
-from .onnx_export import DEFAULT_INT8_TOLERANCE, DEFAULT_TOLERANCE, export_onnx, log
+from .onnx_export import DEFAULT_INT8_TOLERANCE, DEFAULT_TOLERANCE, SUPPORTED_OPSETS, export_onnx, log
 
 
 def load_model(folder: str):
@@ -38,14 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--dynamic", action="store_true",
                         help="free batch size and segment length (the memory length is always free)")
     parser.add_argument("--quantize", choices=["int8"], help="ONNX Runtime's dynamic int8 quantization of the graph")
-    parser.add_argument("--opset", type=int, help="ONNX opset version (default: the exporter's)")
+    parser.add_argument("--opset", type=int, help=f"ONNX opset version, {SUPPORTED_OPSETS.start} to "
+                        f"{SUPPORTED_OPSETS.stop - 1} (default: the exporter's)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=1, help="the batch size of a fixed graph (default 1)")
     parser.add_argument("--segment-length", type=int, default=64, help="the segment length of a fixed graph "
                         "(and the one exported from with --dynamic; default 64)")  # fmt: skip
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
     parser.add_argument("--int8-tolerance", type=float, default=DEFAULT_INT8_TOLERANCE,
                         help="verification of the int8 graph: largest difference")
-    parser.add_argument("--force", action="store_true", help="replace an OUTPUT written by transformers-xl")
+    parser.add_argument("--force", action="store_true", help="replace an OUTPUT an earlier export wrote")
 
 
 def run(args) -> int:
@@ -64,5 +67,8 @@ def run(args) -> int:
         )  # fmt: skip
     except (ValueError, TypeError, FileNotFoundError, OutputError, OSError) as error:
         log(f"error: {error}")
+        return 1
+    except SafetensorError as error:
+        log(f"error: {args.model}: damaged weights ({error})")
         return 1
     return 0

@@ -20,16 +20,19 @@ from pathlib import Path
 
 import torch
 
-from ..conversion.publish import StagingFolder
+from ..conversion.publish import StagingFolder, check_apart
 from .streaming import StreamingModel
 
 DEFAULT_TOLERANCE = 1e-4
 # int8 weights move every output: ONNX Runtime's dynamic quantization (per-tensor weight scales, activations
-# quantized per call) is checked with a looser bound and, for scores over classes or words, top-1 agreement.
-DEFAULT_INT8_TOLERANCE = 0.5
+# quantized per call) is checked with a looser bound and, for scores over classes or words, top-1 agreement. The
+# difference grows as the memory fills (issue 39: 0.448 over 3 segments, 0.661 over the 13 that fill a memory).
+DEFAULT_INT8_TOLERANCE = 1.0
 DEFAULT_INT8_AGREEMENT = 0.9
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model")
 VERIFIED_SEGMENTS = 3
+SUPPORTED_OPSETS = range(18, 24)
+"""18: the exporter's own operator set (asked for less, it writes 18 anyway); 23: the newest torch.onnx converts to."""
 
 
 def log(message: str):
@@ -100,11 +103,14 @@ def export_graph(streaming: StreamingModel, path: Path, *, dynamic: bool, batch_
 
 def verification_stream(streaming: StreamingModel, dynamic: bool, batch_size: int, segment_length: int):
     """Segments of ids to verify with: `VERIFIED_SEGMENTS` of the exported length, and with `dynamic` other
-    lengths and batch sizes too (a shorter segment, and a longer one past mem_len)."""
+    lengths and batch sizes too (a shorter segment, and a longer one past mem_len); then more of the exported length
+    until the memory has filled to mem_len and slid by a segment, the stream the int8 graph's error grows over."""
     shortest = streaming.shortest_segment()
     lengths = [segment_length] * VERIFIED_SEGMENTS
     if dynamic:
         lengths = [segment_length, max(shortest, segment_length // 2), segment_length + 3, shortest]
+    while sum(lengths) < (_memory_length_limit(streaming.model) or 0) + segment_length:
+        lengths.append(segment_length)
     rows = batch_size + 1 if dynamic else batch_size  # (not the exported example's batch size, 2)
     return [streaming.example_inputs(rows, length, 0, seed=1 + i)[0] for i, length in enumerate(lengths)]
 
@@ -191,12 +197,17 @@ def export_onnx(
     """Write OUTPUT/model.onnx (see the module docstring) and return what the verification measured."""
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize={quantize!r} is not supported; expected None or 'int8'.")
+    if opset is not None and opset not in SUPPORTED_OPSETS:
+        raise ValueError(f"opset {opset} is not supported; expected {SUPPORTED_OPSETS.start} to "
+                         f"{SUPPORTED_OPSETS.stop - 1}.")  # fmt: skip
+    if source_folder is not None:
+        check_apart(Path(output), Path(source_folder))
     streaming = StreamingModel(model).eval()  # (refuses a model or setting with no exported form, in one line)
     if segment_length < streaming.shortest_segment() or batch_size < 1:
         raise ValueError(f"segment length {segment_length} and batch size {batch_size}: expected a batch of at least 1 "
                          f"and segments of at least {streaming.shortest_segment()} tokens for {type(model).__name__}.")
     segments = verification_stream(streaming, dynamic, batch_size, segment_length)
-    with StagingFolder(output, force, marker={"format": "onnx"}, say=log) as staged:
+    with StagingFolder(output, "export", force, marker={"format": "onnx"}, say=log) as staged:
         graph = staged.path / "model.onnx"
         log(f"exporting {type(model).__name__} ({'dynamic' if dynamic else 'fixed'} batch and segment length)")
         export_graph(streaming, graph, dynamic=dynamic, batch_size=batch_size, segment_length=segment_length,

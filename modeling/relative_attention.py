@@ -43,9 +43,10 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
     decreasing order. Shifting row i left by i is a view (the "skewing" trick of Dai et al. App. B / Huang et al.
     2018): flattened, element (i, j) sits at `i (R - 1) + j + offset`, so the shifted scores are the flat scores
     from `offset` on, read in rows of R - 1, first `key_length` columns. No copy, pad or gather, and only plain
-    views, which autograd and torch.compile handle like any slice. It needs `offset <= q` and `key_length < R`
-    (one distance more than keys): Transformer-XL lists distances k-1 ... -1 (`offset = q - 1`), XLNet k ... -q+1
-    or k ... 0 (`offset = q`). Entries that read the next row's start belong to future keys, which are masked.
+    views, which autograd and torch.compile handle like any slice (torch.export gets `_shifted_copy`). It needs
+    `offset <= q` and `key_length < R` (one distance more than keys): Transformer-XL lists distances k-1 ... -1
+    (`offset = q - 1`), XLNet k ... -q+1 or k ... 0 (`offset = q`). Entries that read the next row's start belong to
+    future keys, which are masked.
     """
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
@@ -60,9 +61,23 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
 
 def _shifted_view(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
     *batch, length, distances = position_scores.shape
+    if torch.compiler.is_exporting():
+        return _shifted_copy(position_scores, key_length, offset)
     flat = position_scores.reshape(*batch, length * distances)
     rows = flat[..., offset : offset + length * (distances - 1)].view(*batch, length, distances - 1)
     return rows[..., :key_length]
+
+
+def _shifted_copy(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
+    """The same shift as a copy, for torch.export: the original code's pad-and-reshape (`_rel_shift`), with
+    `length - offset` columns padded on the left so that dropping the first `length` elements (the first row of a
+    [.., length] view) moves row i left by i. torch.export as torch.onnx.export runs it (size-oblivious) cannot
+    bound the view's slice of the flattened scores at an offset that depends on the length
+    (GuardOnDataDependentSymNode); here every slice starts at a constant."""
+    *batch, length, distances = position_scores.shape
+    padded = F.pad(position_scores, (length - offset, 0))
+    rows = padded.reshape(*batch, -1, length)[..., 1:, :]
+    return rows.reshape(*batch, length, -1)[..., :key_length]
 
 
 class _RelativeShift(torch.autograd.Function):

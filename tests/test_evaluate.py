@@ -4,6 +4,8 @@ own numbers on converted original checkpoints, and against eval.py's loop writte
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from safetensors.torch import load_file
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, TransfoXLTokenizer, XLNetConfig, XLNetLMHeadModel
 from transformers_xl.cli import main
+from transformers_xl.training import evaluate as evaluate_module
 
 ORIGINAL = Path(__file__).parent / "fixtures" / "original_pytorch"
 WORDS = [f"w{i}" for i in range(45)]
@@ -164,7 +167,7 @@ def test_bad_input_gets_one_clear_line(tmp_path, capsys):
         ((tmp_path / "model", tmp_path / "short.txt"), "5 tokens are too few for --batch-size 10 rows"),
         ((tmp_path / "model", tmp_path / "binary.txt"), "binary.txt, line 1: not UTF-8 text"),
         ((tmp_path / "xlnet", tmp_path / "short.txt"), "is a 'xlnet' model; expected a Transformer-XL language model"),
-        ((tmp_path / "nowhere", tmp_path / "short.txt"), "nowhere: cannot load a model config"),
+        ((tmp_path / "nowhere", tmp_path / "short.txt"), "nowhere: no such folder."),
         ((tmp_path / "model", tmp_path / "short.txt", tmp_path / "gone.txt"), "gone.txt: no such file"),
         ((tmp_path / "model", tmp_path / "short.txt", "--json", tmp_path / "no" / "r.json"), "its folder does not exist"),
         ((tmp_path / "model", tmp_path / "short.txt", "--device", "nodevice"), "--device nodevice: "),
@@ -192,3 +195,69 @@ def test_a_character_vocabulary_without_unk_refuses_unknown_symbols(tmp_path, ca
     (tmp_path / "chars.txt").write_text("a b c d a b d c\n" * 4)
     assert evaluate(tmp_path / "model", tmp_path / "chars.txt", "--batch-size", 2) == 0
     assert "bits per character" in capsys.readouterr().out  # (no <eos> in the vocabulary: line end none)
+
+
+def test_damaged_or_meaningless_input_is_refused_before_a_result(tmp_path, capsys, monkeypatch):
+    """Each gives one line and exit status 2, and no result: a loss of NaN, a perplexity of 1 over nothing, or a
+    perplexity of <unk> is not a measurement."""
+    model = tmp_path / "model"
+    tiny_model_folder(model)
+    write_text(tmp_path / "test.txt")
+    (tmp_path / "blank.txt").write_text("\n  \n\n" * 10)
+    (tmp_path / "other.txt").write_text("alpha beta w1 gamma delta\n" * 10)
+
+    def variant(name, change):
+        folder = tmp_path / name
+        shutil.copytree(model, folder)
+        change(folder)
+        return folder
+
+    damaged = variant("damaged", lambda f: (f / "model.safetensors").write_bytes(
+        (f / "model.safetensors").read_bytes()[:1000]))  # fmt: skip
+    nan_model = tiny_model_folder(tmp_path / "nan")
+    with torch.no_grad():
+        list(nan_model.parameters())[-1].view(-1)[0] = float("nan")
+    nan_model.save_pretrained(tmp_path / "nan")
+    specials = variant("specials", lambda f: TransfoXLTokenizer(vocab=["<eos>", "<unk>"]).save_pretrained(f))
+    cases = [
+        ((damaged, "test.txt"), f"{damaged}: cannot load the model and its tokenizer ("),
+        ((tmp_path / "nan", "test.txt"), "holds non-finite values (NaN or infinity)."),
+        ((tmp_path / "missing", "test.txt"), f"{tmp_path / 'missing'}: no such folder."),
+        ((tmp_path, "test.txt"), f"{tmp_path}: no config.json in this folder; expected a model folder."),
+        ((model, "test.txt", "--json", tmp_path), f"--json {tmp_path} is a folder; expected the path of a JSON file"),
+        ((model, "test.txt", "--device", "cuda"), "--device cuda: no cuda device on this machine"),
+        ((model, "blank.txt"), "blank.txt: no symbols to evaluate (blank lines only)."),
+        ((specials, "test.txt"), "the tokenizer's vocabulary holds only special tokens"),
+        ((model, "other.txt"), "80.0% of its 50 symbols are not in the model's vocabulary (<unk>), over 50%"),
+    ]  # fmt: skip
+    for (folder, text, *options), message in cases:
+        if "cuda" in options and torch.cuda.is_available():
+            continue
+        assert evaluate(folder, tmp_path / text, "--batch-size", 2, *options) == 2, message
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith("transformers-xl evaluate: ") and message in error, error
+        assert "Hub" not in error and "Traceback" not in error
+    assert evaluate(model, tmp_path / "other.txt", "--batch-size", 2, "--allow-unknown") == 0
+    assert "<unk> rate 80.0000%" in capsys.readouterr().out
+
+    def overflowed(*args, **kwargs):
+        return {"loss": float("nan"), "perplexity": float("nan"), "predicted_tokens": 1, "seconds": 1.0,
+                "tokens_per_second": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(evaluate_module, "evaluate_stream", overflowed)
+    assert evaluate(model, tmp_path / "test.txt", "--json", tmp_path / "r.json") == 2
+    assert "test.txt: the loss is nan, not a result" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_json_file_follows_the_umask_and_is_written_whole(tmp_path):
+    tiny_model_folder(tmp_path / "model")
+    write_text(tmp_path / "test.txt")
+    umask = os.umask(0o027)
+    try:
+        assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--json", tmp_path / "r.json") == 0
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
+    assert json.loads((tmp_path / "r.json").read_text())["results"][0]["loss"] > 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "r.json", "test.txt"]

@@ -147,10 +147,14 @@ def test_existing_output_needs_force_which_replaces_only_a_converted_folder(tmp_
     assert {p.name for p in output.iterdir()} == {"notes.txt"}
     output = tmp_path / "converted"
     assert convert(LEGACY / "xlnet_lm", output) == 0
-    (output / "stale.txt").write_text("old")
+    (output / "notes.txt").write_text("the user's")  # (a file convert did not write: --force keeps it)
+    assert convert(LEGACY / "xlnet_lm", output, "--force") == 1
+    assert "(it holds files convert did not write: notes.txt)" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "the user's"
+    (output / "notes.txt").unlink()
     assert convert(LEGACY / "xlnet_lm", output, "--force") == 0
-    assert f"replaced {output} (a folder written by transformers-xl)" in capsys.readouterr().err
-    assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
+    assert f"replaced {output} (a folder written by transformers-xl convert)" in capsys.readouterr().err
+    assert (output / "model.safetensors").is_file()
     assert {p.name for p in tmp_path.iterdir()} == {"out", "converted"}  # nothing left beside them
 
 

@@ -2,7 +2,7 @@
 
     transformers-xl evaluate MODEL TEXT_FILE [TEXT_FILE ...] [--batch-size 10] [--tgt-len L] [--mem-len M]
                              [--clamp-len C] [--same-length | --no-same-length] [--line-end eos|double-eos|none]
-                             [--bf16] [--device DEVICE] [--json PATH]
+                             [--bf16] [--device DEVICE] [--json PATH] [--allow-unknown]
 
 MODEL is a folder (converted, transformers 4.x, or saved by this package) or a Hub id; its tokenizer's vocabulary
 encodes the text as the original corpus readers do (each line stripped and split on whitespace, then `<eos>`, or
@@ -10,7 +10,9 @@ encodes the text as the original corpus readers do (each line stripped and split
 is cut into `--batch-size` rows (the tail that does not fill every row is dropped) and read in segments of
 `--tgt-len` with the memory carried from segment to segment; every token of a row but its first is predicted once,
 the last position of a segment predicting the first token of the next. The loss is eval.py's: sum(seq_len x segment
-mean NLL) / sum(seq_len), i.e. the mean NLL over every predicted token. Defaults come from the model's config
+mean NLL) / sum(seq_len), i.e. the mean NLL over every predicted token; a loss that is not finite is an error, not
+a result, as are non-finite weights, a vocabulary of special tokens only, a text without symbols and one of which
+more than half are not in the vocabulary (unless --allow-unknown). Defaults come from the model's config
 (`tgt_len`, `mem_len`, `clamp_len`, `same_length`); the paper's settings for the released checkpoints are in
 docs/evaluation.md. Example:
 
@@ -20,6 +22,7 @@ docs/evaluation.md. Example:
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -31,7 +34,12 @@ from tqdm.auto import tqdm
 
 from ..modeling.memory_cache import MemoryCache
 from .arguments import non_negative_int, positive_int
+from safetensors import SafetensorError
+
 from .corpus import LINE_ENDS, CorpusError, check_readable, encode_file
+
+MAX_UNKNOWN_RATE = 0.5
+"""Above this share of symbols outside the vocabulary, the text does not match the model's tokenizer."""
 
 
 class EvaluationError(ValueError):
@@ -60,6 +68,8 @@ def add_arguments(parser):
     parser.add_argument("--bf16", action="store_true", help="run the model in bfloat16 autocast")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--json", metavar="PATH", help="also write the settings and results to this JSON file")
+    parser.add_argument("--allow-unknown", action="store_true",
+                        help=f"evaluate a text of which over {MAX_UNKNOWN_RATE:.0%} of the symbols are <unk>")
 
 
 def run(args) -> int:
@@ -77,8 +87,51 @@ def run(args) -> int:
             "tokens/s"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        try:
+            write_json(Path(args.json), report)
+        except OSError as error:
+            print(f"transformers-xl evaluate: --json {args.json}: cannot write ({error.strerror or error})",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     return 0
+
+
+def write_json(path: Path, data):
+    """Write `path` whole or not at all (a temporary file beside it, renamed), with the permissions the umask gives
+    (os.open applies it; mkstemp would make the file private)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as file:
+            file.write(json.dumps(data, indent=2) + "\n")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def check_unknown_rate(path, unknown: int, symbols: int, allow_unknown: bool = False):
+    """Refuse a text of which more than MAX_UNKNOWN_RATE of the symbols are not in the vocabulary (a character model
+    on word text, another model's vocabulary): its loss measures the <unk> token, not the model."""
+    if symbols and unknown / symbols > MAX_UNKNOWN_RATE and not allow_unknown:
+        raise CorpusError(
+            f"{path}: {unknown / symbols:.1%} of its {symbols} symbols are not in the model's vocabulary (<unk>), "
+            f"over {MAX_UNKNOWN_RATE:.0%}: the text does not match the tokenizer; pass --allow-unknown to evaluate it "
+            "anyway."
+        )
+
+
+def resolve_device(name: str | None) -> str:
+    """The torch device to run on: `name` if it exists here, else one line saying why not (CUDA on a machine without
+    it); by default cuda if available, else cpu."""
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as error:
+        raise EvaluationError(f"--device {name}: {str(error).splitlines()[0]}") from None
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and not (hasattr(backend, "is_available") and backend.is_available()):
+        raise EvaluationError(f"--device {name}: no {device.type} device on this machine (torch {torch.__version__}).")
+    return name
 
 
 def evaluate_files(args) -> dict:
@@ -87,6 +140,9 @@ def evaluate_files(args) -> dict:
         check_readable(path)  # (all of them before anything runs)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise EvaluationError(f"--json {args.json}: its folder does not exist.")
+    if args.json and Path(args.json).is_dir():
+        raise EvaluationError(f"--json {args.json} is a folder; expected the path of a JSON file to write.")
+    device = resolve_device(args.device)
     model, tokenizer = load_model(args.model)
     config = model.config
     settings = {
@@ -98,15 +154,18 @@ def evaluate_files(args) -> dict:
         "same_length": args.same_length if args.same_length is not None else config.same_length,
         "line_end": args.line_end or default_line_end(tokenizer),
         "bf16": args.bf16,
-        "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        "device": device,
     }
     if not isinstance(settings["tgt_len"], int) or settings["tgt_len"] < 1:
         raise EvaluationError(f"the config's tgt_len is {settings['tgt_len']!r}; pass --tgt-len.")
     try:
         model.to(settings["device"])
-    except (RuntimeError, ValueError) as error:
+    except (RuntimeError, ValueError, AssertionError) as error:
         raise EvaluationError(f"--device {settings['device']}: {str(error).splitlines()[0]}") from None
     vocab = tokenizer.get_vocab()
+    if not set(vocab) - set(tokenizer.all_special_tokens):
+        raise EvaluationError(f"{args.model}: the tokenizer's vocabulary holds only special tokens "
+                              f"({', '.join(sorted(vocab))}); there is nothing to evaluate.")  # fmt: skip
     if max(vocab.values()) >= config.vocab_size:
         raise EvaluationError(
             f"{args.model}: the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary has "
@@ -117,6 +176,9 @@ def evaluate_files(args) -> dict:
         encoded = encode_file(
             path, vocab, settings["line_end"], tokenizer.unk_token, getattr(tokenizer, "lower_case", False)
         )
+        if encoded.words == 0:
+            raise EvaluationError(f"{path}: no symbols to evaluate (blank lines only).")
+        check_unknown_rate(path, encoded.unknown, encoded.words, args.allow_unknown)
         ids = torch.from_numpy(encoded.ids.astype(np.int64))
         if len(ids) // settings["batch_size"] < 2:
             raise EvaluationError(
@@ -124,6 +186,9 @@ def evaluate_files(args) -> dict:
                 "tokens each; use a smaller --batch-size."
             )
         result = evaluate_stream(model, ids, **{k: settings[k] for k in EVALUATION_SETTINGS})
+        if not math.isfinite(result["loss"]):
+            raise EvaluationError(f"{path}: the loss is {result['loss']}, not a result (the model overflowed"
+                                  f"{' in bf16' if settings['bf16'] else ''}).")  # fmt: skip
         character_level = settings["line_end"] == "none"
         result = {
             "file": str(path),
@@ -147,6 +212,10 @@ def load_model(name):
 
     from .. import TransfoXLLMHeadModel  # (registers transfo-xl with the Auto classes)
 
+    if not Path(name).exists() and looks_local(name):
+        raise EvaluationError(f"{name}: no such folder.")
+    if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+        raise EvaluationError(f"{name}: no config.json in this folder; expected a model folder.")
     try:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as error:
@@ -159,11 +228,20 @@ def load_model(name):
     try:
         model = AutoModelForCausalLM.from_pretrained(name, config=config)
         tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:
         raise EvaluationError(f"{name}: cannot load the model and its tokenizer ({str(error).splitlines()[0]}).") from None
     if not isinstance(model, TransfoXLLMHeadModel):
         raise EvaluationError(f"{name} loads as {type(model).__name__}; expected TransfoXLLMHeadModel.")
+    for weight_name, weight in model.state_dict().items():
+        if weight.is_floating_point() and not torch.isfinite(weight).all():
+            raise EvaluationError(f"{name}: the weight {weight_name} holds non-finite values (NaN or infinity).")
     return model.eval(), tokenizer
+
+
+def looks_local(name: str) -> bool:
+    """Whether MODEL names a path rather than a Hub id ("name" or "org/name"): absolute, relative with ./ or ../,
+    under ~, with a backslash or more than one slash."""
+    return name.startswith(("/", ".", "~")) or "\\" in name or name.strip("/").count("/") > 1
 
 
 def default_line_end(tokenizer) -> str:
