@@ -105,11 +105,12 @@ def main():
     parser.add_argument("--eval-chars", type=int, default=16384, help="held-out characters for bits per character")
     parser.add_argument("--rows", type=int, default=16, help="rows the held-out text is read in")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch's threads (default: torch's own count)")
     parser.add_argument("--no-issue-speed", action="store_true", help="skip the speed on the issue's configuration")
     parser.add_argument("--output", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model = AutoModelForCausalLM.from_pretrained(args.folder / "model").eval()
     tokenizer = AutoTokenizer.from_pretrained(args.folder / "model")
@@ -127,7 +128,7 @@ def main():
     fp32 = results["fp32"]
     fp32_seconds = statistics.median(times["fp32"])
     print(f"\n{args.folder / 'model'}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-          f"{args.threads} threads, {args.new_tokens} greedy tokens, {text.numel()} held-out characters")  # fmt: skip
+          f"{torch.get_num_threads()} threads, {args.new_tokens} greedy tokens, {text.numel()} held-out characters")  # fmt: skip
     print("| variant | ms / token (median) | speed-up | greedy agreement | identical prefix | bpc | bpc change |")
     print("|---|---|---|---|---|---|---|")
     for name, result in results.items():

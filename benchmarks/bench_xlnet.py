@@ -22,8 +22,7 @@ import torch
 import transformers
 from timing import alternate, seconds, summary
 
-from transformers_xl.modeling.configuration_xlnet import XLNetConfig
-from transformers_xl.modeling.modeling_xlnet import XLNetLMHeadModel
+from transformers_xl import XLNetConfig, XLNetLMHeadModel
 
 CONFIG = dict(
     vocab_size=32000, d_model=512, n_layer=6, n_head=8, d_inner=2048, dropout=0.0, mem_len=512,
@@ -82,13 +81,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch's threads (default: torch's own count)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--num-predict", type=int, default=85)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     config = QUICK if args.quick else CONFIG
     if args.quick:
         args.length, args.num_predict, args.warmup, args.rounds = 64, 8, 1, 2

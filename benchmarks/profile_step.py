@@ -49,10 +49,11 @@ def main():
     parser.add_argument("--implementation", choices=["ours", "transformers", "legacy"], default="ours")
     parser.add_argument("--legacy-python", help=f"python of a transformers==4.37.2 venv (default: ${LEGACY_PYTHON_ENV})")
     parser.add_argument("--rows", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch's threads (default: torch's own count)")
     parser.add_argument("--folder", help=argparse.SUPPRESS)  # (set when this script re-runs itself for legacy)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     case = next(case for case in CASES[args.config] if case.model == args.model)
     ideal = ideal_forward_flops(case)
     if args.folder:

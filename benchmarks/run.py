@@ -1,6 +1,7 @@
 """One command for the performance claims: ours against the references, on the same weights and inputs, in one run.
 
     python benchmarks/run.py [--legacy-python PYTHON] [--output DIR] [--configs ...] [--workloads ...]
+    python benchmarks/run.py --device cuda [--attn-implementation sdpa|eager|flex_attention] ...
     python benchmarks/run.py --quick        # tiny sizes, under a minute: a smoke test of the whole command
     python benchmarks/run.py --keep-freed-memory ...   # both sides timed with glibc keeping freed memory
 
@@ -12,34 +13,32 @@ loads the same folder (config.json + pytorch_model.bin written from our randomly
 inputs (the second segment, and the memory our model left after the first segment, saved beside it), so the
 reference's logits are checked against ours first (max |diff|).
 
+Every side runs on `--device` (cpu, the default, or cuda; `devices.py` waits for the device around each timed call
+and measures peak memory there) with `--attn-implementation` (default sdpa) where its model supports it, else eager
+(`devices.attention_implementation`; the throughput rows record what each side ran).
+
 Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of the previous segment):
 - `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`), training forward +
   backward (labels, gradients), and a full training step (forward, backward, AdamW step, zero_grad), tokens/s; the
-  evaluation's fraction of the machine's fp32 matmul peak on ideal FLOPs (see `ideal_forward_flops`);
-- `memory`: peak memory of a training step, both sides (see `Session.peak_memory`);
-- `bf16`: ours under `torch.autocast("cpu", torch.bfloat16)` against ours in fp32 (evaluation and training);
+  evaluation's fraction of the device's fp32 matmul peak on ideal FLOPs (see `ideal_forward_flops`);
+- `memory`: peak memory of a training step, both sides (see `devices.peak_memory`);
+- `bf16`: ours under bf16 autocast against ours in fp32 (evaluation and training);
 - `compile`: `torch.compile(model)` against eager, ours, evaluation and training forward + backward; failures are
   reported, with their error, instead of stopping the run (the first configuration only);
 - `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references, and ours
   against the weight-streaming floor: the bytes of weights a decoding step must read (`streamed_weight_bytes`)
-  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`), beside the products of one of
-  ours' steps run alone (`bench_generation.step_products`), alternating with ours;
-- `contention`: Transformer-XL greedy decoding, ours and transformers 4.37.2, quiet, with a busy loop on one core
-  and beside a second torch process running its own threads (`bench_generation.CONTENTION`), and each side's
-  slowdown against its quiet time;
+  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`);
 - `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
   memory of the other half) against recomputing a sliding window for every token (the paper's evaluation
-  speed-up, at CPU scale), attention lengths 128 ... 1024, batch 1; a third side is `transformers-xl evaluate`'s
-  loop (`training.evaluate.evaluate_stream`: the memory in a `MemoryCache`, the loss of every prediction) over the
+  speed-up), attention lengths 128 ... 1024, batch 1; a third side is `transformers-xl evaluate`'s loop
+  (`training.evaluate.evaluate_stream`: the memory in a `MemoryCache`, the loss of every prediction) over the
   same stream;
 - `deploy`: batch 1, one segment of 128 tokens after 128 of memory (the issue configuration with mem_len 128): our
   eager forward (the memory as a legacy `mems` tuple, and carried from call to call in a `MemoryCache`, as a stream
   is read) against ONNX Runtime running the graph `torch.onnx.export(..., dynamo=True)` made of it (needs
-  onnx, onnxscript, onnxruntime), torch.compile, int8 (`quantize_dynamic_int8`) and bf16 weights; then greedy
-  decoding per token, eager against int8 and bf16 weights (see `measure_deploy`), there and at the shapes of the
-  pretrained checkpoints, all their layers (`pretrained_decode_cases`), on `--threads` threads (`on_torch_threads`);
-  each decoding row is split, eager and bf16, into its products (one step's, run alone) and the rest of the step
-  (`split_cells`);
+  onnx, onnxscript, onnxruntime; CPU only), torch.compile, int8 (`quantize_dynamic_int8`, needs torchao) and bf16
+  weights; then greedy decoding per token, eager against int8 and bf16 weights (see `measure_deploy`), there and
+  at the shapes of the pretrained checkpoints, all their layers (`pretrained_decode_cases`);
 - `peak`: the matmul peak itself (fp32 and bf16, best of several square products of several sizes), measured first
   and again last, the higher kept, and the memory bandwidth of a matrix-vector product (`generation` needs it).
 
@@ -51,18 +50,16 @@ compute the same thing in training mode. `--quick` uses one tiny configuration p
 Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
 `--rounds` rounds (default 5) that alternate the sides (A, B, B, A, ...); each side's min and median, and ratios of
 the medians.
-2 threads by default. Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows);
-default DIR: benchmark-results.
+2 threads by default (`--threads`, for this process and every worker: the only place the benchmarks set torch's
+thread count). Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows); default
+DIR: benchmark-results.
 """
 
 import argparse
-import contextlib
+import importlib.util
 import json
 import os
-import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +68,15 @@ from pathlib import Path
 
 import torch
 
+from devices import (
+    ATTENTION_IMPLEMENTATIONS,
+    attention_implementation,
+    cpu_model,
+    device_name,
+    parse_device,
+    peak_memory,
+    synchronize,
+)
 from timing import LEGACY_PYTHON_ENV, Worker, WorkerError, alternate, legacy_python, seconds, serve, summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,16 +132,12 @@ QUICK_CASES = [
     Case("tiny", "xlnet", dict(ISSUE_XLNET, vocab_size=1000, d_model=32, n_head=4, d_inner=64, n_layer=2, mem_len=16),
          batch=2, length=16),
 ]  # fmt: skip
-WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "contention", "stream", "deploy"]
+WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "stream", "deploy"]
 # The deploy workload (issue 22): one segment of 128 tokens after 128 of memory, batch 1, as a deployed model reads a
 # stream; the sides (Session.variant), eager first (the ratios are against it). "eager, cache" carries the memory from
 # call to call in a MemoryCache, as a stream is read in eager mode (`transformers-xl evaluate`'s loop).
 DEPLOY_SIDES = ["eager", "eager, cache", "onnxruntime", "compiled", "int8", "bf16 weights"]
 DECODE_SIDES = ["eager", "int8", "bf16 weights"]
-# The decoding sides whose steps are split into their products and the rest ("decode split"), and bf16's decoding
-# target (#22), against which the split reports the rest of a step that would meet it.
-SPLIT_SIDES = ["eager", "bf16 weights"]
-BF16_DECODING_TARGET = 1.6
 # Seconds between two deploy calls. ONNX Runtime's threads spin for milliseconds after a call returns, and slow
 # whatever runs next on the machine's cores: our eager segment took 98-111 ms right after ONNX Runtime's call in one
 # process, 79-80 ms after a 50 ms pause or with the spinning turned off (AMD EPYC, 2 cores, XLNet's deploy case).
@@ -164,10 +166,13 @@ def pretrained_decode_cases(quick: bool) -> list[Case]:
             for name, model in (("transfo-xl-wt103", "transfo-xl"), ("xlnet-base-cased", "xlnet"))]  # fmt: skip
 
 
-# Square sizes of the matmul peak (by --quick): MKL's fp32 kernels peak anywhere from 1024 to 4096 on these CPUs.
-PEAK_SIZES = {False: (1024, 2048, 4096), True: (256, 512)}
-# Rows of the matrix-vector bandwidth's [rows, 512] fp32 matrix (by --quick): 64 MiB, far beyond any cache.
-GEMV_ROWS = {False: 32768, True: 4096}
+# Square sizes of the matmul peak, by device type and --quick: MKL's fp32 kernels peak anywhere from 1024 to 4096 on
+# these CPUs; a GPU needs larger products to fill its units.
+PEAK_SIZES = {"cpu": {False: (1024, 2048, 4096), True: (256, 512)},
+              "cuda": {False: (4096, 8192, 16384), True: (256, 512)}}  # fmt: skip
+# Bytes of the matrix-vector bandwidth's fp32 matrix, by device type and --quick: far beyond the caches (a CPU's L3,
+# a GPU's L2).
+GEMV_BYTES = {"cpu": {False: 64 * 2**20, True: 8 * 2**20}, "cuda": {False: 1024 * 2**20, True: 8 * 2**20}}
 MODEL_NAMES = {"transfo-xl": "Transformer-XL", "xlnet": "XLNet"}
 
 
@@ -175,8 +180,9 @@ MODEL_NAMES = {"transfo-xl": "Transformer-XL", "xlnet": "XLNet"}
 # One implementation, in this process or in a worker
 
 
-def load_model(folder: Path, implementation: str):
-    """Ours, transformers 5's XLNet or transformers 4.37.2's Transformer-XL (run under the legacy python)."""
+def load_model(folder: Path, implementation: str, device="cpu", attn_implementation="sdpa"):
+    """Ours, transformers 5's XLNet or transformers 4.37.2's Transformer-XL (run under the legacy python), on
+    `device`, with `attn_implementation` where the model supports it (`devices.attention_implementation`)."""
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
     if implementation == "ours":
         import transformers_xl
@@ -189,30 +195,36 @@ def load_model(folder: Path, implementation: str):
         from transformers import TransfoXLLMHeadModel as model_class
     else:
         raise ValueError(f"implementation must be 'ours', 'transformers' or 'legacy', got {implementation!r}")
-    return model_class.from_pretrained(folder).eval()
+    attention = attention_implementation(model_class, attn_implementation)
+    return model_class.from_pretrained(folder, attn_implementation=attention).to(device).eval()
 
 
 class Session:
-    """One implementation loaded from a case folder, answering measurement requests ({"op": ...}: `time`,
-    `logits`, `peak_memory`), the same in this process and in a worker."""
+    """One implementation loaded from a case folder onto a device, answering measurement requests ({"op": ...}:
+    `describe`, `time`, `logits`, `peak_memory`, `deploy_logits`, `decode`), the same in this process and in a
+    worker."""
 
-    def __init__(self, folder: Path, implementation: str):
-        self.model = load_model(folder, implementation)
+    def __init__(self, folder: Path, implementation: str, device="cpu", attn_implementation="sdpa"):
+        self.device = torch.device(device)
+        self.model = load_model(folder, implementation, self.device, attn_implementation)
         inputs = torch.load(folder / "inputs.pt", weights_only=True)
-        self.input_ids, self.mems = inputs["input_ids"], tuple(inputs["mems"])
+        self.input_ids = inputs["input_ids"].to(self.device)
+        self.mems = tuple(mem.to(self.device) for mem in inputs["mems"])
         self.extra = {"use_mems": True} if self.model.config.model_type == "xlnet" else {}
         self.optimizer = None
         self.compiled = None
         self.deployed = {}  # the deploy workload's variants, made on first use
-        self.step_products = {}  # variant -> the products of one of its decoding steps (`decode_products`)
 
     def ask(self, request: dict) -> dict:
+        if request["op"] == "describe":  # (what the side runs: the legacy config may lack _attn_implementation)
+            return {"attn_implementation": getattr(self.model.config, "_attn_implementation", "eager")}
         if request["op"] == "time":
             workloads = {"eval": self.evaluate, "train": self.forward_backward, "step": self.train_step}
             workload = workloads[request["workload"]]
-            return {"seconds": seconds(workload, self.variant(request.get("variant", "eager")))}
+            variant = self.variant(request.get("variant", "eager"))
+            return {"seconds": seconds(workload, variant, device=self.device)}
         if request["op"] == "logits":
-            torch.save(self.evaluate(self.model).float(), request["path"])
+            torch.save(self.evaluate(self.model).float().cpu(), request["path"])
             return {}
         if request["op"] == "peak_memory":
             return {"bytes": self.peak_memory()}
@@ -222,8 +234,6 @@ class Session:
             return {"max_abs_diff": (actual - expected).abs().max().item()}
         if request["op"] == "decode":
             return {"seconds": self.decode(self.variant(request["variant"]), request["new_tokens"])}
-        if request["op"] == "decode_products":
-            return {"seconds": self.decode_products(request["variant"], request["new_tokens"])}
         raise ValueError(f"unknown request {request}")
 
     def variant(self, name):
@@ -232,7 +242,7 @@ class Session:
             return self.model
         if name == "bf16":
             def autocast(*args, **kwargs):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16):
                     return self.model(*args, **kwargs)
 
             return autocast
@@ -248,29 +258,11 @@ class Session:
 
     def decode(self, model, new_tokens):
         """Seconds per new token of greedy decoding from a 64-token prompt, batch 1 (bench_generation's clock)."""
-        from bench_generation import make_generate, seconds_per_token
-
-        prompt, extra = self.decode_inputs()
-        with on_torch_threads():
-            return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
-
-    def decode_products(self, variant, new_tokens):
-        """Seconds of the products of one of `decode`'s steps run alone (`bench_generation.products_alone`, over as
-        many passes as `decode` has intervals): what the step spends reading its weights, the rest left out."""
-        from bench_generation import products_alone, step_products
-
-        with on_torch_threads():  # (the recording step too: a first step measures its products' choices)
-            if variant not in self.step_products:  # (recorded once, from a real step of the variant)
-                prompt, extra = self.decode_inputs()
-                self.step_products[variant] = step_products(self.variant(variant), prompt, **extra)
-            return products_alone(self.step_products[variant], passes=new_tokens - 1)()
-
-    def decode_inputs(self):
-        """(prompt, generate's keywords) of `decode`."""
-        from bench_generation import random_prompt
+        from bench_generation import make_generate, random_prompt, seconds_per_token
 
         extra = {"use_mems": True} if self.extra else {"attention_mask": None}
-        return random_prompt(64, self.model.config.vocab_size), extra
+        prompt = random_prompt(64, self.model.config.vocab_size, self.device)
+        return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
 
     def evaluate(self, model):
         """Log-probabilities of the second segment after the memory (inference mode)."""
@@ -291,32 +283,11 @@ class Session:
         self.optimizer.zero_grad(set_to_none=True)
 
     def peak_memory(self):
-        """Bytes a training step adds to the process's resident memory at its peak: activations, gradients and
-        temporaries. Measured on the second step (the first one creates AdamW's state, which then stays resident
-        like the weights), from the resident size before the step to the high-water mark during it, which Linux
-        resets on request (/proc/self/clear_refs). Run in a fresh worker with `MALLOC_ENV`, so that freed memory
-        leaves the resident set. (torch keeps no allocator statistics for CPU tensors, and tracemalloc sees only
-        Python's own allocations.)"""
+        """Bytes a training step adds at its peak (`devices.peak_memory`): activations, gradients and temporaries.
+        Measured on the second step (the first one creates AdamW's state, which then stays like the weights). On
+        CPU run in a fresh worker with `MALLOC_ENV`, so that freed memory leaves the resident set."""
         self.train_step(self.model)
-        before = resident_bytes("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")
-        self.train_step(self.model)
-        return resident_bytes("VmHWM") - before
-
-
-@contextlib.contextmanager
-def on_torch_threads():
-    """Decoding steps on torch's thread count (`--threads`) for the block, not on the cores other processes left idle
-    (`decoding_threads.DECODING_THREADS`): the deploy workload's sides take turns in workers of their own, and a
-    worker would count the calls the others made just before its own as load on a core, so that the order of a
-    round would choose its threads (the products of a 285M-parameter step alone took 27-29 ms or 46-51 ms, by turn)."""
-    from transformers_xl.modeling import decoding_threads
-
-    policy, decoding_threads.DECODING_THREADS = decoding_threads.DECODING_THREADS, None
-    try:
-        yield
-    finally:
-        decoding_threads.DECODING_THREADS = policy
+        return peak_memory(lambda: self.train_step(self.model), self.device)
 
 
 def int8_model(session):
@@ -381,18 +352,13 @@ DEPLOY_VARIANTS = {"int8": int8_model, "bf16 weights": bf16_model, "onnxruntime"
                    "eager, cache": streaming_model}  # fmt: skip
 
 
-def resident_bytes(field_name):
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{field_name}:\s+(\d+) kB", status).group(1)) * 1024
-
-
-def worker_main(folder, implementation, threads):
+def worker_main(folder, implementation, threads, device, attn_implementation):
     torch.set_num_threads(threads)
     # torch.compile compiles afresh: its on-disk caches would serve a graph compiled before a change to one of our
     # operators' backward (their key does not cover it), and a version's measurement would be another's.
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
-    serve(Session(Path(folder), implementation).ask)
+    serve(Session(Path(folder), implementation, device, attn_implementation).ask)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -412,10 +378,12 @@ class Run:
     gemv_bandwidth: float = 0.0  # bytes/s, the best of the matrix-vector measurements
 
     def worker(self, folder, implementation, python=None, env=None):
-        """A worker process for one side; `env` (the memory measurement's) replaces --keep-freed-memory's."""
+        """A worker process for one side, on --threads threads, --device and --attn-implementation; `env` (the memory
+        measurement's) replaces --keep-freed-memory's."""
         python = python or sys.executable
         env = env or (KEEP_FREED_MEMORY_ENV if self.args.keep_freed_memory else None)
-        return Worker(python, __file__, "--worker", str(folder), implementation, str(self.args.threads), env=env)
+        args = (str(folder), implementation, str(self.args.threads), self.args.device, self.args.attn_implementation)
+        return Worker(python, __file__, "--worker", *args, env=env)
 
     def add(self, section, case_name, model, workload, unit, sides, **extra):
         """One row: `sides` maps a side's name to a list of measurements, an error message or None (not
@@ -480,50 +448,49 @@ def ideal_forward_flops(case: Case) -> float:
     return c["n_layer"] * layer + head
 
 
-def matmul_peak(dtype, size, calls=5):
-    """FLOP/s of the best of `calls` square products of `size` into one preallocated output, after three warm-up
-    calls. (A fresh output per call would measure its page faults and the allocator, not the machine.)"""
-    a, b = (torch.randn(size, size).to(dtype) for _ in range(2))
-    out = torch.empty(size, size, dtype=dtype)
+def matmul_peak(dtype, size, device, calls=5):
+    """FLOP/s of the best of `calls` square products of `size` into one preallocated output on `device`, after three
+    warm-up calls. (A fresh output per call would measure its page faults and the allocator, not the machine.)"""
+    a, b = (torch.randn(size, size).to(device, dtype) for _ in range(2))
+    out = torch.empty(size, size, dtype=dtype, device=device)
+
     def product():
         torch.mm(a, b, out=out)
 
     for _ in range(3):
         product()
-    return 2 * size**3 / min(seconds(product) for _ in range(calls))
+    return 2 * size**3 / min(seconds(product, device=device) for _ in range(calls))
 
 
 def measure_peak(run: Run, when: str):
-    """The machine's matmul peak per dtype: the best over several sizes, measured at the start of the run and again
+    """The device's matmul peak per dtype: the best over several sizes, measured at the start of the run and again
     at its end, the higher kept. A peak that a moment of load pulled down would flatter the fraction of it that the
-    models reach (one such first measurement read 192 GFLOP/s on a machine whose products reach 320)."""
+    models reach (one such first measurement read 192 GFLOP/s on a machine whose products reach 320). Then the
+    matrix-vector bandwidth, on --threads threads."""
+    device, sizes = run.args.device, PEAK_SIZES[torch.device(run.args.device).type][run.args.quick]
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        best = max((matmul_peak(dtype, size), size) for size in PEAK_SIZES[run.args.quick])
+        best = max((matmul_peak(dtype, size, device), size) for size in sizes)
         run.peak_measurements.append({"when": when, "dtype": name, "flops": best[0], "size": best[1]})
         run.peak_flops[name] = max(run.peak_flops.get(name, 0.0), best[0])
         print(f"matmul peak {name} ({when}, best at {best[1]}x{best[1]}): {best[0] / 1e9:.0f} GFLOP/s")
-    for threads in sorted({1, run.args.threads}):
-        torch.set_num_threads(threads)
-        bandwidth = gemv_bandwidth(GEMV_ROWS[run.args.quick])
-        run.gemv_measurements.append({"when": when, "threads": threads, "bytes_per_second": bandwidth})
-        run.gemv_bandwidth = max(run.gemv_bandwidth, bandwidth)
-        print(f"matrix-vector bandwidth, fp32, {threads} thread(s) ({when}): {bandwidth / 1e9:.1f} GB/s")
-    torch.set_num_threads(run.args.threads)
+    bandwidth = gemv_bandwidth(GEMV_BYTES[torch.device(device).type][run.args.quick] // 2048, device)
+    run.gemv_measurements.append({"when": when, "threads": run.args.threads, "bytes_per_second": bandwidth})
+    run.gemv_bandwidth = max(run.gemv_bandwidth, bandwidth)
+    print(f"matrix-vector bandwidth, fp32 ({when}): {bandwidth / 1e9:.1f} GB/s")
 
 
-def gemv_bandwidth(rows, calls=5):
-    """Bytes/s of the best of `calls` products of a [rows, 512] fp32 matrix with one vector, asked of BLAS both ways
-    (`F.linear` and `decoding_linear.transposed_linear`), after warm-up: how fast this machine streams weights from
-    memory, which bounds a decoding step."""
-    from transformers_xl.modeling.decoding_linear import transposed_linear
-
-    weight, vector = torch.randn(rows, 512), torch.randn(1, 512)
+def gemv_bandwidth(rows, device, calls=5):
+    """Bytes/s of the best of `calls` products of a [rows, 512] fp32 matrix with one vector on `device`, asked both
+    ways (`x W^T`, as `F.linear` does, and `(W x^T)^T`: BLAS libraries serve them at different speeds), after warm-up:
+    how fast the device streams weights from memory, which bounds a decoding step."""
+    weight, vector = torch.randn(rows, 512, device=device), torch.randn(1, 512, device=device)
     best = 0.0
-    for product in (lambda: torch.nn.functional.linear(vector, weight), lambda: transposed_linear(vector, weight)):
+    for product in (lambda: torch.nn.functional.linear(vector, weight), lambda: torch.mm(weight, vector.T).T):
         for _ in range(2):
             product()
-        best = max(best, weight.numel() * weight.element_size() / min(seconds(product) for _ in range(calls)))
+        seconds_per_call = min(seconds(product, device=device) for _ in range(calls))
+        best = max(best, weight.numel() * weight.element_size() / seconds_per_call)
     return best
 
 
@@ -543,6 +510,12 @@ def measure_throughput(run: Run, case: Case, folder: Path):
     measured 257 to 349 training tokens/s from run to run beside ours)."""
     model, tokens = MODEL_NAMES[case.model], case.batch * case.length
     ours, reference = run.worker(folder, "ours"), reference_worker(run, case, folder)
+    attention = {name: side.ask({"op": "describe"})["attn_implementation"]
+                 for name, side in (("ours", ours), (case.reference_name, reference)) if side is not None}  # fmt: skip
+    for name, implementation in attention.items():
+        if implementation != run.args.attn_implementation:
+            print(f"{case.name} {model}: {name} runs {implementation} attention ({run.args.attn_implementation} is "
+                  "not supported by its model)")  # fmt: skip
     parity = None
     if reference is not None:
         logits = {}
@@ -559,7 +532,7 @@ def measure_throughput(run: Run, case: Case, folder: Path):
             runs[case.reference_name] = lambda: reference.ask(request)["seconds"]
         values = alternate(runs, run.args.rounds, warmup=run.args.warmup)
         values.setdefault(case.reference_name, None)
-        extra = {"tokens": tokens}
+        extra = {"tokens": tokens, "attn_implementation": attention}
         if workload == "eval":
             extra.update(ideal_flops=ideal_forward_flops(case), max_abs_logit_diff=parity)
         run.add("throughput", case.name, model, label, "s", values, **extra)
@@ -571,7 +544,7 @@ def measure_throughput(run: Run, case: Case, folder: Path):
 
 def measure_memory(run: Run, case: Case, folder: Path):
     """Peak memory of a training step, each side in a fresh worker."""
-    sides = {}
+    sides, attention = {}, {}
     legacy = legacy_python(run.args.legacy_python)
     for name, implementation, python in (
         ("ours", "ours", None),
@@ -582,10 +555,12 @@ def measure_memory(run: Run, case: Case, folder: Path):
             continue
         try:
             with run.worker(folder, implementation, python, env=MALLOC_ENV) as worker:
+                attention[name] = worker.ask({"op": "describe"})["attn_implementation"]
                 sides[name] = [worker.ask({"op": "peak_memory"})["bytes"]]
         except WorkerError as error:
             sides[name] = str(error)
-    run.add("memory", case.name, MODEL_NAMES[case.model], "training step, peak above the trained model", "bytes", sides)
+    run.add("memory", case.name, MODEL_NAMES[case.model], "training step, peak above the trained model", "bytes", sides,
+            attn_implementation=attention)  # fmt: skip
     print_row(run.rows[-1])
 
 
@@ -616,44 +591,35 @@ def measure_variants(run: Run, case: Case, folder: Path, variant: str):
 
 def measure_generation(run: Run):
     """bench_generation.py's measurements (greedy decoding, batch 1), with the issue configuration's vocabulary
-    split; mem_len 1600 so that the memory covers the prompts. Then ours at the shortest prompt, alternating with its
-    step's products alone, against the weight-streaming floor."""
+    split; mem_len 1600 so that the memory covers the prompts. Then ours at the shortest prompt against the
+    weight-streaming floor."""
     import bench_generation
     import transformers_xl
 
     txl, xlnet, prompts, new_tokens = generation_setup(run)
     python = legacy_python(run.args.legacy_python)
     name = QUICK_CASES[0].name if run.args.quick else "issue"
-    results, same = bench_generation.bench_transfo_xl(prompts, run.args.rounds, python, txl, new_tokens)
+    placement = {"device": run.args.device, "attn_implementation": run.args.attn_implementation}
+    ours = {}  # model -> ours' seconds per token at the shortest prompt
+    results, same = bench_generation.bench_transfo_xl(prompts, run.args.rounds, python, txl, new_tokens, **placement)
     for prompt, sides in results.items():
         sides = {side: sides.get(side) for side in ("ours (cache)", "legacy 4.37.2", "ours (recompute)")}
         run.add("generation", name, "Transformer-XL", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
-    results, same = bench_generation.bench_xlnet(prompts, run.args.rounds, config=xlnet, new_tokens=new_tokens)
+    ours["Transformer-XL"] = results[min(prompts)]["ours (cache)"]
+    results, same = bench_generation.bench_xlnet(prompts, run.args.rounds, xlnet, new_tokens, **placement)
     for prompt, sides in results.items():
         run.add("generation", name, "XLNet", f"prompt {prompt}", "s/token", sides, identical_tokens=same)
+    ours["XLNet"] = results[min(prompts)]["ours"]
 
     if not run.gemv_bandwidth:
         measure_peak(run, "for the floor")
-    torch.manual_seed(0)
-    models = {
-        "Transformer-XL": (transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**txl)).eval(),
-                           {"attention_mask": None}),
-        "XLNet": (transformers_xl.XLNetLMHeadModel(transformers_xl.XLNetConfig(**xlnet)).eval(), {"use_mems": True}),
-    }  # fmt: skip
-    for model, (module, generate_kwargs) in models.items():
-        # ours again, alternating with its step's products alone (recorded from one of its steps and run as it
-        # runs them): how much of a step is reading the weights, and how much the rest of it
-        prompt = bench_generation.random_prompt(min(prompts), module.config.vocab_size)
-        generate = bench_generation.make_generate(module, True, **generate_kwargs)
-        calls = bench_generation.step_products(module, prompt, **generate_kwargs)
-        sides = alternate({
-            "ours": lambda: bench_generation.seconds_per_token(generate, prompt, new_tokens),
-            "products alone": bench_generation.products_alone(calls, passes=new_tokens - 1),
-        }, run.args.rounds, warmup=1)  # fmt: skip
+    models = {"Transformer-XL": transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**txl)),
+              "XLNet": transformers_xl.XLNetLMHeadModel(transformers_xl.XLNetConfig(**xlnet))}  # fmt: skip
+    for model, module in models.items():
         weight_bytes = bench_generation.streamed_weight_bytes(module)
         floor = weight_bytes / run.gemv_bandwidth
         run.add("floor", name, model, f"greedy, prompt {min(prompts)}", "s/token",
-                {"ours": sides["ours"], "weight-streaming floor": [floor], "products alone": sides["products alone"]},
+                {"ours": ours[model], "weight-streaming floor": [floor]},
                 weight_bytes=weight_bytes, gemv_bytes_per_second=run.gemv_bandwidth)  # fmt: skip
         print_row(run.rows[-1])
 
@@ -668,25 +634,6 @@ def generation_setup(run: Run):
     return txl, bench_generation.XLNET_CONFIG, [64, 1024], 12
 
 
-def measure_contention(run: Run):
-    """Transformer-XL greedy decoding (the generation workload's model, shortest prompt), ours and transformers
-    4.37.2 alternating, quiet and beside each kind of `bench_generation.CONTENTION`; each side's slowdown is its
-    median time per token over its quiet one."""
-    import bench_generation
-
-    txl, _, prompts, new_tokens = generation_setup(run)
-    python = legacy_python(run.args.legacy_python)
-    results = bench_generation.bench_contention(run.args.rounds, python, txl, new_tokens, min(prompts),
-                                                run.args.threads)  # fmt: skip
-    quiet = {side: statistics.median(values) for side, values in results["quiet"].items()}
-    name = QUICK_CASES[0].name if run.args.quick else "issue"
-    for kind, sides in results.items():
-        sides = {side: sides.get(side) for side in ("ours", "legacy 4.37.2")}
-        slowdown = {side: statistics.median(values) / quiet[side] for side, values in sides.items() if values}
-        run.add("contention", name, "Transformer-XL", kind, "s/token", sides, slowdown=slowdown)
-        print_row(run.rows[-1])
-
-
 def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
     """Our eager forward against ONNX Runtime running the exported graph, torch.compile, int8 (every linear layer,
     `quantize_dynamic_int8`) and bf16 weights, on one segment after the memory (`deploy_cases`), each side in a
@@ -695,8 +642,9 @@ def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
     and bf16 weights (alone, without `segment`: `pretrained_decode_cases`)."""
     model, sides = MODEL_NAMES[case.model], {}
     workers, differences = {}, {}
+    left_out = unmeasured_deploy_sides(run.args)
     for side in DEPLOY_SIDES if segment else DECODE_SIDES:
-        if side == "compiled" and run.args.quick:  # (minutes of compilation: as the compile workload, not in --quick)
+        if side in left_out:
             continue
         worker = run.worker(folder, "ours")
         try:
@@ -726,27 +674,35 @@ def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
                 tokens=case.batch * case.length, max_abs_logit_diff=differences)  # fmt: skip
         print_row(run.rows[-1])
     new_tokens = 4 if run.args.quick else 16
-    decoding = {side: (side, {"op": "decode", "variant": side, "new_tokens": new_tokens}) for side in DECODE_SIDES}
-    for side in SPLIT_SIDES:  # (each alternating with the steps: the products of one of them, run alone)
-        decoding[f"{side}, products alone"] = (side, {"op": "decode_products", "variant": side,
-                                                      "new_tokens": new_tokens})  # fmt: skip
-    decoding = {name: request for name, request in decoding.items() if request[0] in workers}
+    decoding = {side: (side, {"op": "decode", "variant": side, "new_tokens": new_tokens}) for side in workers
+                if side in DECODE_SIDES}  # fmt: skip
     values = {**sides, **timed(decoding, DECODE_ROUNDS * run.args.rounds)}
     workload = "greedy decoding, prompt 64, batch 1" if segment else PRETRAINED_DECODE
     run.add("deploy", case.name, model, workload, "s/token", {side: values.get(side) for side in DECODE_SIDES},
             max_abs_logit_diff=None if segment else differences)  # fmt: skip
     print_row(run.rows[-1])
-    split = {name: values.get(name) for side in SPLIT_SIDES for name in (side, f"{side}, products alone")}
-    run.add("decode split", case.name, model, workload, "s/token", split)
-    print_row(run.rows[-1])
     for worker in workers.values():
         worker.close()
 
 
-def per_token(function):
-    """Seconds per token of a call that returns how many tokens it predicted."""
+def unmeasured_deploy_sides(args) -> dict[str, str]:
+    """The deploy workload's sides this run leaves out (reported as not measured), with the reason."""
+    left_out = {}
+    if args.quick:
+        left_out["compiled"] = "minutes of compilation on CPU (as the compile workload), not in --quick"
+    if torch.device(args.device).type != "cpu":
+        left_out["onnxruntime"] = "ONNX Runtime runs the graph on CPU: measured with --device cpu"
+    if importlib.util.find_spec("torchao") is None:
+        left_out["int8"] = 'int8 (quantize_dynamic_int8) needs torchao: pip install "transformers-xl[torchao]"'
+    return left_out
+
+
+def per_token(function, device):
+    """Seconds per token of a call that returns how many tokens it predicted, until `device` has run all of it."""
+    synchronize(device)
     start = time.perf_counter()
     tokens = function()
+    synchronize(device)
     return (time.perf_counter() - start) / tokens
 
 
@@ -756,13 +712,15 @@ def measure_stream(run: Run, case: Case, folder: Path):
     predicted token (the last position's log-probabilities only), for attention lengths A."""
     from transformers_xl.training.evaluate import evaluate_stream
 
-    model = load_model(folder, "ours")
+    device = run.args.device
+    model = load_model(folder, "ours", device, run.args.attn_implementation)
     lengths = [8, 16] if run.args.quick else [128, 256, 512, 1024]
     windows = 2  # sliding-window predictions per call
     for attention in lengths:
         segment = attention // 2
         model.config.mem_len = attention - segment
         stream = torch.randint(0, model.config.vocab_size, (1, 3 * segment), generator=torch.Generator().manual_seed(0))
+        stream = stream.to(device)
         with torch.inference_mode():
             primed = model(stream[:, :segment]).mems
 
@@ -785,8 +743,9 @@ def measure_stream(run: Run, case: Case, folder: Path):
             return result["predicted_tokens"]
 
         sides = alternate(
-            {"with memory": lambda: per_token(with_memory), "sliding window": lambda: per_token(sliding_window),
-             "evaluate (cache)": lambda: per_token(evaluate_command)},
+            {"with memory": lambda: per_token(with_memory, device),
+             "sliding window": lambda: per_token(sliding_window, device),
+             "evaluate (cache)": lambda: per_token(evaluate_command, device)},
             run.args.rounds,
             warmup=run.args.warmup,
         )  # fmt: skip
@@ -830,11 +789,6 @@ def cell(side, row):
 
 
 def print_row(row):
-    if row["section"] == "decode split":  # (ms and the rests, as its table has them)
-        cells = zip(SECTIONS["decode split"][1][3:], split_cells(row))
-        cells = " | ".join(f"{header}: {text}" for header, text in cells)
-        print(f"[decode split] {row['config']} {row['model']} {row['workload']}: {cells}")
-        return
     cells = " | ".join(f"{name}: {cell(side, row)}" for name, side in row["sides"].items())
     r = row["ratio"]
     ratio_text = "" if r is None else f" | {r:.2f}x"
@@ -853,26 +807,14 @@ SECTIONS = {
     "generation": ("Generation, greedy, batch 1: new tokens/s, median / best; speed-up = reference time / ours",
                    ["configuration", "model", "prompt", "ours", "reference", "speed-up", "ours without the cache"]),
     "floor": ("Generation against the weight-streaming floor (weights a step reads / matrix-vector bandwidth): new "
-              "tokens/s, median / best; ours' time over the floor's; the products of one of ours' steps alone "
-              "(alternating with ours)",
-              ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token",
-               "products alone", "products alone / floor (time)"]),
-    "contention": ("Transformer-XL greedy decoding beside other work, batch 1: new tokens/s, median / best; slowdown = "
-                   "median time per token over the same side's quiet one",
-                   ["configuration", "model", "contention", "ours", "reference", "speed-up", "ours' slowdown",
-                    "reference's slowdown"]),
+              "tokens/s, median / best; ours' time over the floor's",
+              ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token"]),
     "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
                ["configuration", "model", "attention", "with memory", "sliding window", "speed-up",
                 "`transformers-xl evaluate` (cache)", "its speed-up"]),
     "deploy": ("Deployment, batch 1: tokens/s (segment) or new tokens/s (decoding), median / best, (speed-up over "
                "eager); eager time / ONNX Runtime time (target <= 1.25), with the memory as `mems` and in a cache",
                ["configuration", "model", "workload", *DEPLOY_SIDES, "eager / ORT", "eager, cache / ORT"]),
-    "decode split": ("Where a decoding step's time goes (the deploy workload's decoding): ms per new token, medians, "
-                     "of the step and of one of its steps' products run alone, alternating with the steps; the rest "
-                     f"= step - products; the rest of a step (the same in both dtypes) under which bf16 weights "
-                     f"would decode {BF16_DECODING_TARGET}x as fast as fp32, with the products as measured",
-                     ["configuration", "model", "workload", "eager: step / products", "bf16 weights: step / products",
-                      "bf16 speed-up: step / products", "rest: eager / bf16", f"rest for {BF16_DECODING_TARGET}x"]),
 }  # fmt: skip
 
 
@@ -897,26 +839,12 @@ def deploy_cells(row) -> list[str]:
     return cells
 
 
-def split_cells(row) -> list[str]:
-    """A decode split row's cells (see SECTIONS): steps and products alone in ms, bf16's speed-ups, the rests."""
-    medians = {name: side.get("median") for name, side in row["sides"].items()}
-    if None in medians.values():
-        return ["-"] * 5
-    step, products = ([medians[f"{side}{part}"] for side in SPLIT_SIDES] for part in ("", ", products alone"))
-    rest = [s - p for s, p in zip(step, products)]
-    target = BF16_DECODING_TARGET
-    needed = (products[0] - target * products[1]) / (target - 1)  # (p32 + r) / (p16 + r) = target
-    return [
-        *(f"{step[i] * 1e3:.2f} / {products[i] * 1e3:.2f}" for i in range(2)),
-        f"{step[0] / step[1]:.2f}x / {products[0] / products[1]:.2f}x",
-        f"{rest[0] * 1e3:.2f} / {rest[1] * 1e3:.2f}",
-        f"{needed * 1e3:.2f}" if needed > 0 else "none: products alone fall short",
-    ]
-
-
 def markdown(run: Run) -> str:
+    device = torch.device(run.args.device)
+    gpu = f", {device_name(device)} ({device})" if device.type != "cpu" else ""
     lines = [
-        f"{cpu_model()}; torch {torch.__version__}, {run.args.threads} threads; matmul peak "
+        f"{cpu_model()}{gpu}; torch {torch.__version__}, {run.args.threads} threads; attention "
+        f"{run.args.attn_implementation} where a side's model supports it; matmul peak "
         + ", ".join(f"{name} {flops / 1e9:,.0f} GFLOP/s" for name, flops in run.peak_flops.items())
         + ("; workers with glibc keeping freed memory (--keep-freed-memory)" if run.args.keep_freed_memory else ""),
     ]
@@ -926,19 +854,20 @@ def markdown(run: Run) -> str:
             continue
         lines += ["", f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
-            if section in ("deploy", "decode split"):
-                row_cells = deploy_cells(row) if section == "deploy" else split_cells(row)
-                lines.append("| " + " | ".join([row["config"], row["model"], row["workload"], *row_cells]) + " |")
+            if section == "deploy":
+                lines.append("| " + " | ".join([row["config"], row["model"], row["workload"], *deploy_cells(row)]) + " |")
                 continue
             sides = list(row["sides"].items())
             other_name, other = sides[1] if len(sides) > 1 else ("", {"status": "not measured"})
             other_cell = cell(other, row)
-            if section in ("throughput", "memory", "generation", "contention"):
-                other_cell += f" ({other_name})"
+            ours_cell = cell(sides[0][1], row)
+            if section in ("throughput", "memory", "generation"):
+                other_cell += f" ({', '.join([other_name, *other_attention(run, row, other_name)])})"
+                ours_cell += "".join(f" ({note})" for note in other_attention(run, row, sides[0][0]))
             r = row["ratio"]
             if section == "floor" and r:  # (ours' time over the floor's, where the speed-up would be the inverse)
                 r = 1 / r
-            cells = [row["config"], row["model"], row["workload"], cell(sides[0][1], row), other_cell,
+            cells = [row["config"], row["model"], row["workload"], ours_cell, other_cell,
                      f"{r:.2f}x" if r is not None else "-"]  # fmt: skip
             if section == "throughput":
                 cells.append(percent_of_peak(run, row))
@@ -946,10 +875,6 @@ def markdown(run: Run) -> str:
                 cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
             if section == "floor":
                 cells.append(f"{row['weight_bytes'] / 2**20:,.1f} MiB at {row['gemv_bytes_per_second'] / 1e9:.1f} GB/s")
-                products, floor = row["sides"]["products alone"], row["sides"]["weight-streaming floor"]
-                cells += [cell(products, row), f"{products['median'] / floor['median']:.2f}x"]
-            if section == "contention":
-                cells += [f"{row['slowdown'][side]:.2f}x" if side in row["slowdown"] else "-" for side, _ in sides]
             if section == "stream":  # the evaluate command's loop, and its speed-up over the sliding window
                 evaluate, window = row["sides"]["evaluate (cache)"], row["sides"]["sliding window"]
                 measured = evaluate["status"] == window["status"] == "measured" and evaluate["median"]
@@ -958,14 +883,11 @@ def markdown(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_model() -> str:
-    """The CPU's model name, as `lscpu` gives it ("Model name"), or /proc/cpuinfo's where lscpu is missing."""
-    try:
-        listing = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        listing = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    found = re.search(r"^model name\s*:\s*(.+)$", listing, re.IGNORECASE | re.MULTILINE)
-    return found.group(1).strip() if found else "unknown CPU"
+def other_attention(run: Run, row, side) -> list[str]:
+    """["eager attention"] where `side` of `row` ran another attention implementation than --attn-implementation
+    (its model supports no other), else []."""
+    implementation = row.get("attn_implementation", {}).get(side, run.args.attn_implementation)
+    return [] if implementation == run.args.attn_implementation else [f"{implementation} attention"]
 
 
 def percent_of_peak(run: Run, row):
@@ -983,20 +905,38 @@ def main():
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, help="default: all (--quick: all but compile)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch's threads, here and in every worker")
+    parser.add_argument("--device", default="cpu", help="where every side runs: cpu (default) or cuda[:N]")
+    parser.add_argument("--attn-implementation", default="sdpa", choices=ATTENTION_IMPLEMENTATIONS,
+                        help="passed to from_pretrained where a side's model supports it, else eager (default sdpa)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the command")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="time both sides with glibc keeping freed memory for reuse (KEEP_FREED_MEMORY_ENV)")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        folder, implementation, threads = args.worker
-        return worker_main(folder, implementation, int(threads))
+        folder, implementation, threads, device, attn_implementation = args.worker
+        return worker_main(folder, implementation, int(threads), device, attn_implementation)
+    try:
+        args.device = str(parse_device(args.device))
+    except ValueError as error:
+        parser.error(str(error))
     if args.quick:
         args.rounds, args.warmup = min(args.rounds, 2), min(args.warmup, 1)
     workloads = args.workloads or [w for w in WORKLOADS if not (args.quick and w == "compile")]
     torch.set_num_threads(args.threads)
-    run = Run(args, Path(tempfile.mkdtemp(prefix="bench_run_")))
+    if "deploy" in workloads:
+        for side, reason in unmeasured_deploy_sides(args).items():
+            print(f"deploy: {side} not measured: {reason}")
+    with tempfile.TemporaryDirectory(prefix="bench_run_") as workdir:
+        run = Run(args, Path(workdir))
+        measure(run, workloads)
+    write_results(run, Path(args.output))
+
+
+def measure(run: Run, workloads: list[str]):
+    """Every chosen workload, in the order the tables have them (the peak first and last)."""
+    args = run.args
     if "peak" in workloads:
         measure_peak(run, "start")
     cases = QUICK_CASES if args.quick else [case for name in args.configs for case in CASES[name]]
@@ -1026,16 +966,20 @@ def main():
             shutil.rmtree(folder)  # (up to 1.1 GB of weights)
     if "generation" in workloads:
         measure_generation(run)
-    if "contention" in workloads:
-        measure_contention(run)
     if "peak" in workloads:
         measure_peak(run, "end")
 
-    output = Path(args.output)
+
+def write_results(run: Run, output: Path):
+    """DIR/results.json and DIR/results.md, each written whole under a temporary name and then renamed."""
+    args = run.args
     output.mkdir(parents=True, exist_ok=True)
     results = {
         "cpu": cpu_model(),
         "cpu_count": len(os.sched_getaffinity(0)),
+        "device": args.device,
+        "device_name": device_name(args.device),
+        "attn_implementation": args.attn_implementation,
         "torch": torch.__version__,
         "gemv_bytes_per_second": run.gemv_bandwidth,
         "threads": args.threads,
@@ -1047,8 +991,10 @@ def main():
         "worker_env": KEEP_FREED_MEMORY_ENV if args.keep_freed_memory else {},
         "rows": run.rows,
     }
-    (output / "results.json").write_text(json.dumps(results, indent=1))
-    (output / "results.md").write_text(markdown(run))
+    for name, text in (("results.json", json.dumps(results, indent=1)), ("results.md", markdown(run))):
+        partial = output / f".{name}.partial"
+        partial.write_text(text)
+        partial.replace(output / name)
     print(f"\nwrote {output / 'results.json'} and {output / 'results.md'}\n")
     print(markdown(run))
 

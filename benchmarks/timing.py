@@ -25,10 +25,14 @@ def legacy_python(argument: str | None = None) -> str | None:
     return argument or os.environ.get(LEGACY_PYTHON_ENV) or None
 
 
-def seconds(function: Callable, *args) -> float:
-    """Wall-clock seconds of one call."""
+def seconds(function: Callable, *args, device="cpu") -> float:
+    """Wall-clock seconds of one call, until `device` has run all of it (see `devices.synchronize`)."""
+    from devices import synchronize
+
+    synchronize(device)
     start = time.perf_counter()
     function(*args)
+    synchronize(device)
     return time.perf_counter() - start
 
 

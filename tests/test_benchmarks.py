@@ -2,6 +2,7 @@
 (with the legacy venv; without it, the workloads with a legacy side). Times are never asserted (the machine is
 shared); only that each measurement was made and reported."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,12 +30,8 @@ EXPECTED = {  # (section, model, workload) -> side names
     },
     ("generation", "Transformer-XL", "prompt 8"): ["ours (cache)", "legacy 4.37.2", "ours (recompute)"],
     ("generation", "XLNet", "prompt 8"): ["ours", "transformers"],
-    ("floor", "Transformer-XL", "greedy, prompt 8"): ["ours", "weight-streaming floor", "products alone"],
-    ("floor", "XLNet", "greedy, prompt 8"): ["ours", "weight-streaming floor", "products alone"],
-    **{
-        ("contention", "Transformer-XL", kind): ["ours", "legacy 4.37.2"]
-        for kind in ("quiet", "one core busy", "beside a torch process")
-    },
+    ("floor", "Transformer-XL", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
+    ("floor", "XLNet", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
     ("stream", "Transformer-XL", "attention length 8"): ["with memory", "sliding window", "evaluate (cache)"],
     ("stream", "Transformer-XL", "attention length 16"): ["with memory", "sliding window", "evaluate (cache)"],
     **{
@@ -46,13 +43,6 @@ EXPECTED = {  # (section, model, workload) -> side names
             ("greedy decoding at a pretrained shape, prompt 64, batch 1", ["eager", "int8", "bf16 weights"]),
         )
     },
-    **{
-        ("decode split", model, workload): ["eager", "eager, products alone", "bf16 weights",
-                                            "bf16 weights, products alone"]
-        for model in ("Transformer-XL", "XLNet")
-        for workload in ("greedy decoding, prompt 64, batch 1",
-                         "greedy decoding at a pretrained shape, prompt 64, batch 1")  # fmt: skip
-    },
 }
 LEGACY_SIDES = {"transformers 4.37.2", "legacy 4.37.2"}
 NOT_IN_QUICK = {"compiled"}  # (the deploy workload's torch.compile side)
@@ -63,13 +53,15 @@ except ImportError:  # the deploy workload reports its ONNX Runtime side as fail
     ONNX_SIDE_STATUS = "failed"
 else:
     ONNX_SIDE_STATUS = "measured"
+# int8 (quantize_dynamic_int8) is torchao's: without it the deploy workload leaves its int8 side out
+INT8_SIDE_STATUS = "measured" if importlib.util.find_spec("torchao") else "not measured"
 
 
 # The workloads with a legacy side, which the run without the legacy venv must report as not measured (the others
 # run with it, in the run with the legacy venv).
-LEGACY_WORKLOADS = ["peak", "throughput", "memory", "generation", "contention"]
+LEGACY_WORKLOADS = ["peak", "throughput", "memory", "generation"]
 # workload -> its sections, where they differ
-SECTIONS = {"peak": [], "generation": ["generation", "floor"], "deploy": ["deploy", "decode split"]}
+SECTIONS = {"peak": [], "generation": ["generation", "floor"]}
 
 
 def run_quick(tmp_path, legacy_python, workloads=()):
@@ -79,7 +71,8 @@ def run_quick(tmp_path, legacy_python, workloads=()):
     output = tmp_path / "results"
     chosen = ["--workloads", *workloads] if workloads else []
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", *chosen, "--output", str(output)],
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--device", "cpu", *chosen, "--output",
+         str(output)],  # fmt: skip
         check=True,
         env=env,
         cwd=tmp_path,
@@ -93,6 +86,7 @@ def check(results, table, legacy_measured, workloads=()):
     sections = {section for w in workloads for section in SECTIONS.get(w, [w])} or {key[0] for key in EXPECTED}
     rows = {(row["section"], row["model"], row["workload"]): row for row in results["rows"]}
     assert set(rows) == {key for key in EXPECTED if key[0] in sections}
+    assert results["device"] == "cpu" and results["attn_implementation"] == "sdpa"
     assert set(results["matmul_peak_flops"]) == {"float32", "bfloat16"}
     assert all(flops > 0 for flops in results["matmul_peak_flops"].values())
     measured = results["matmul_peak_measurements"]
@@ -104,8 +98,9 @@ def check(results, table, legacy_measured, workloads=()):
         assert list(row["sides"]) == EXPECTED[key], key
         for name, side in row["sides"].items():
             expected = "not measured" if name in LEGACY_SIDES and not legacy_measured else "measured"
-            if name in NOT_IN_QUICK or name == "onnxruntime":
-                expected = "not measured" if name in NOT_IN_QUICK else ONNX_SIDE_STATUS
+            expected = {"compiled": "not measured", "onnxruntime": ONNX_SIDE_STATUS, "int8": INT8_SIDE_STATUS}.get(
+                name, expected
+            )
             assert side["status"] == expected, (key, name, side)
             if expected == "measured":
                 assert side["min"] <= side["median"] and len(side["values"]) >= 1
@@ -113,54 +108,64 @@ def check(results, table, legacy_measured, workloads=()):
         zero = row["unit"] == "bytes" and list(row["sides"].values())[1].get("median") == 0  # (tiny sizes)
         assert (row["ratio"] is not None) == (both and not zero), key
         assert f"| {row['config']} | {row['model']} | {row['workload']} |" in table, key
+    supported = supported_attention()
+    for key, row in rows.items():  # each side's attention: the requested sdpa where its model supports it
+        if key[0] in ("throughput", "memory"):
+            assert row["attn_implementation"]["ours"] == supported[key[1]], key
+            if len(row["attn_implementation"]) > 1:  # (the reference, where it ran)
+                reference = list(row["sides"])[1]
+                assert row["attn_implementation"][reference] == "eager", key  # (neither reference has sdpa)
     # Same weights and inputs on both sides: the references' logits are ours.
-    for model in ("Transformer-XL", "XLNet"):
+    for model in ("Transformer-XL", "XLNet") if "throughput" in sections else ():
         diff = rows[("throughput", model, "evaluation")]["max_abs_logit_diff"]
         if model == "XLNet" or legacy_measured:
             assert diff < 1e-4
         else:
             assert diff is None
         assert rows[("throughput", model, "evaluation")]["ideal_flops"] > 0
-    assert rows[("generation", "XLNet", "prompt 8")]["identical_tokens"] is True
-    assert rows[("generation", "Transformer-XL", "prompt 8")]["identical_tokens"] is (True if legacy_measured else None)
+    if "generation" in sections:
+        assert rows[("generation", "XLNet", "prompt 8")]["identical_tokens"] is True
+        identical = rows[("generation", "Transformer-XL", "prompt 8")]["identical_tokens"]
+        assert identical is (True if legacy_measured else None)
     for model in ("Transformer-XL", "XLNet") if "deploy" in sections else ():  # (each side against eager)
         differences = rows[("deploy", model, "segment 1 x 16, memory 16")]["max_abs_logit_diff"]
         onnx = {"onnxruntime"} if ONNX_SIDE_STATUS == "measured" else set()
-        assert differences.keys() == {"eager, cache", "int8", "bf16 weights"} | onnx
-        assert differences.get("onnxruntime", 0) < 1e-4 and differences["int8"] < 0.1
+        int8 = {"int8"} if INT8_SIDE_STATUS == "measured" else set()
+        assert differences.keys() == {"eager, cache", "bf16 weights"} | onnx | int8
+        assert differences.get("onnxruntime", 0) < 1e-4 and differences.get("int8", 0) < 0.1
         assert differences["eager, cache"] < 1e-4  # (its first call: the session's memory, as eager's)
         pretrained = rows[("deploy", model, "greedy decoding at a pretrained shape, prompt 64, batch 1")]
-        assert pretrained["max_abs_logit_diff"].keys() == {"int8", "bf16 weights"}  # (decoding alone, its variants)
-        assert pretrained["max_abs_logit_diff"]["int8"] < 0.1
-        for key in (key for key in EXPECTED if key[:2] == ("decode split", model)):  # (steps less their products)
-            row = rows[key]
-            medians = {name: side["median"] for name, side in row["sides"].items()}
-            rest = medians["bf16 weights"] - medians["bf16 weights, products alone"]
-            line = [line for line in table.splitlines() if line.startswith(f"| {row['config']} | {model} | {key[2]} |")
-                    and line.count("|") == 9]  # fmt: skip
-            assert len(line) == 1 and f" / {rest * 1e3:.2f} | " in line[0], line
+        assert pretrained["max_abs_logit_diff"].keys() == {"bf16 weights"} | int8  # (decoding alone, its variants)
     titles = {"throughput": "Throughput (fp32)", "memory": "Peak memory", "bf16": "bf16 autocast",
-              "generation": "Generation", "stream": "evaluation of a stream", "deploy": "Deployment",
-              "floor": "weight-streaming floor", "contention": "beside other work",
-              "decode split": "Where a decoding step's time goes"}  # fmt: skip
+              "generation": "Generation, greedy", "stream": "evaluation of a stream", "deploy": "Deployment",
+              "floor": "weight-streaming floor"}  # fmt: skip
     for section, title in titles.items():
         assert (title in table) == (section in sections), title
     assert results["cpu"] and results["cpu"] in table.splitlines()[0]
     assert results["gemv_bytes_per_second"] == max(m["bytes_per_second"] for m in results["gemv_measurements"]) > 0
-    for model in ("Transformer-XL", "XLNet"):  # the floor: the weights a step reads at the measured bandwidth
+    for model in ("Transformer-XL", "XLNet") if "floor" in sections else ():  # the weights a step reads, at the bandwidth
         row = rows[("floor", model, "greedy, prompt 8")]
         bandwidths = {m["bytes_per_second"] for m in results["gemv_measurements"]}  # (the best known when it ran)
         assert row["weight_bytes"] > 0 and row["gemv_bytes_per_second"] in bandwidths
         floor = row["sides"]["weight-streaming floor"]["median"]
         assert floor == pytest.approx(row["weight_bytes"] / row["gemv_bytes_per_second"])
-        products_over_floor = row["sides"]["products alone"]["median"] / floor
-        line = next(line for line in table.splitlines() if line.startswith(f"| {row['config']} | {model} | greedy, "))
-        assert line.endswith(f" | {products_over_floor:.2f}x |") and line.count("|") == 10
-    for kind in ("quiet", "one core busy", "beside a torch process"):  # each side against its own quiet time
-        row = rows[("contention", "Transformer-XL", kind)]
-        assert set(row["slowdown"]) == ({"ours", "legacy 4.37.2"} if legacy_measured else {"ours"})
-    assert rows[("contention", "Transformer-XL", "quiet")]["slowdown"]["ours"] == 1.0
+        # ours: the generation workload's own measurement at that prompt
+        assert row["sides"]["ours"]["values"] == rows[("generation", model, "prompt 8")]["sides"][
+            "ours (cache)" if model == "Transformer-XL" else "ours"]["values"]  # fmt: skip
     assert "torch.compile" not in table  # --quick leaves compilation out (minutes on CPU)
+
+
+def supported_attention():
+    """model -> the attention implementation ours runs when sdpa is asked for (sdpa, once the model supports it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from devices import attention_implementation
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import transformers_xl
+
+    classes = {"Transformer-XL": transformers_xl.TransfoXLLMHeadModel, "XLNet": transformers_xl.XLNetLMHeadModel}
+    return {model: attention_implementation(model_class, "sdpa") for model, model_class in classes.items()}
 
 
 def test_quick_run_without_the_legacy_venv(tmp_path):
@@ -186,7 +191,8 @@ def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measure
     started = []
     monkeypatch.setattr(run, "Worker", lambda *args, env=None: started.append(env))
     for keep in (False, True):
-        bench = run.Run(argparse.Namespace(threads=2, keep_freed_memory=keep), tmp_path)
+        args = argparse.Namespace(threads=2, keep_freed_memory=keep, device="cpu", attn_implementation="sdpa")
+        bench = run.Run(args, tmp_path)
         bench.worker(tmp_path, "ours")
         bench.worker(tmp_path, "legacy", "python", env=run.MALLOC_ENV)
     assert started == [None, run.MALLOC_ENV, run.KEEP_FREED_MEMORY_ENV, run.MALLOC_ENV]
@@ -218,41 +224,6 @@ def test_streamed_weight_bytes_counts_each_weight_a_decoding_step_reads_once(mon
         assert bench_generation.streamed_weight_bytes(txl) == size(txl.parameters()) - size(skipped), tie
 
 
-@pytest.mark.parametrize("model_type", ["transfo-xl", "xlnet"])
-def test_step_products_are_the_products_of_one_decoding_step(model_type, monkeypatch):
-    """The floor's "products alone" side runs what one decoding step multiplies: its few rows (Transformer-XL's new
-    token) by each projection, feed-forward and output weight, each once (the output layer in its clusters' row
-    ranges)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import bench_generation
-
-    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
-
-    torch.manual_seed(0)
-    if model_type == "transfo-xl":
-        model = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=50, cutoffs=[10, 30], div_val=1, d_model=16, d_embed=16,
-                                                     n_head=2, d_head=8, d_inner=32, n_layer=2, mem_len=32,
-                                                     eos_token_id=None))  # fmt: skip
-        weights = [(layer.dec_attn.qkv_net.weight, layer.dec_attn.o_net.weight, layer.pos_ff.CoreNet[0].weight,
-                    layer.pos_ff.CoreNet[3].weight) for layer in model.transformer.layers]  # fmt: skip
-        weights, kwargs = [*sum(weights, ()), model.crit.out_layers[0].weight, model.crit.cluster_weight], {}
-    else:
-        model = XLNetLMHeadModel(XLNetConfig(vocab_size=50, d_model=16, n_layer=2, n_head=2, d_inner=32))
-        weights = [(*(getattr(layer.rel_attn, name) for name in "qkvo"), layer.ff.layer_1.weight,
-                    layer.ff.layer_2.weight) for layer in model.transformer.layer]  # fmt: skip
-        weights, kwargs = [*sum(weights, ()), model.lm_loss.weight], {"use_mems": True}
-    calls = bench_generation.step_products(model.eval(), bench_generation.random_prompt(8, 50), **kwargs)
-    if model_type == "transfo-xl":  # (XLNet's step has 1-3 rows: the new token, the dummy one, the query stream)
-        assert {x.shape[:-1].numel() for x, _, _ in calls} == {1}
-
-    def storage(tensor):
-        return tensor.untyped_storage().data_ptr()
-
-    assert {storage(weight) for _, weight, _ in calls} == {storage(weight) for weight in weights}
-    assert sum(weight.numel() for _, weight, _ in calls) == sum(weight.numel() for weight in weights)
-    assert bench_generation.products_alone(calls, passes=3)() > 0
-
-
 def test_alternate_reverses_the_order_every_other_round():
     """No side always runs right after the same other one; the values come back per side, in the given order."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -267,25 +238,62 @@ def test_alternate_reverses_the_order_every_other_round():
     assert list(values) == list("ABC") and values["A"] == [4, 9, 10] and values["C"] == [6, 7, 12]
 
 
-def test_deploy_decoding_runs_on_torch_threads_whatever_the_other_processes_did(monkeypatch):
-    """The deploy workload's decoding sides take turns in workers: inside `on_torch_threads` a decoding step keeps
-    torch's thread count even where `IdleCores` saw the other workers' calls as load, and the policy comes back after
-    the block, also after an error."""
+def test_device_helpers_take_the_cuda_functions_on_a_cuda_device(monkeypatch):
+    """On CUDA, timed calls wait for the device before and after (torch.cuda.synchronize) and peak memory is the
+    allocator's (max_memory_allocated over memory_allocated before, its peak reset first); on CPU none of the CUDA
+    functions is called. (No GPU here: torch.cuda's functions are replaced by recording ones.)"""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import run
+    import devices
+    import timing
 
-    from transformers_xl.modeling import decoding_threads
+    calls = []
 
-    monkeypatch.setattr(decoding_threads, "idle_cores", lambda: 1)  # (the other workers' calls counted as load)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
+    def record(name, value=None):
+        return lambda *args: calls.append((name, *map(str, args))) or value
+
+    monkeypatch.setattr(torch.cuda, "synchronize", record("synchronize"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", record("reset_peak_memory_stats"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", record("memory_allocated", 1000))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", record("max_memory_allocated", 5000))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    assert devices.parse_device("cuda") == torch.device("cuda")
+    assert timing.seconds(lambda: calls.append(("call",)), device="cuda") >= 0
+    assert calls == [("synchronize", "cuda"), ("call",), ("synchronize", "cuda")]
+    calls.clear()
+    assert devices.peak_memory(lambda: calls.append(("step",)), torch.device("cuda:0")) == 4000
+    assert [call[0] for call in calls] == ["synchronize", "reset_peak_memory_stats", "memory_allocated", "step",
+                                           "synchronize", "max_memory_allocated"]  # fmt: skip
+    assert all(call[1:] == ("cuda:0",) for call in calls if call[0] != "step")
+    calls.clear()
+    timing.seconds(lambda: None, device="cpu")
+    assert devices.peak_memory(lambda: torch.ones(1 << 20).sum(), "cpu") >= 0
+    assert calls == []
+
+
+def test_parse_device_names_what_is_wrong_in_one_line(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name, cause in (("cuda", "sees no CUDA device"), ("meta", "measure cpu, cuda only"),
+                        ("gpu", "not a torch device")):  # fmt: skip
+        with pytest.raises(ValueError, match=cause) as error:
+            devices.parse_device(name)
+        assert str(error.value).startswith(f"--device {name}: ") and "\n" not in str(error.value)
+    assert devices.parse_device("cpu") == torch.device("cpu")
+
+
+def test_attention_implementation_falls_back_to_eager_where_a_model_lacks_the_requested_one():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        with decoding_threads.on_a_decoding_step_threads():
-            assert torch.get_num_threads() == 1
-        with pytest.raises(RuntimeError), run.on_torch_threads():
-            with decoding_threads.on_a_decoding_step_threads():
-                assert torch.get_num_threads() == 2
-            raise RuntimeError("a failed call")
-        assert decoding_threads.DECODING_THREADS == "idle cores"
+        from devices import attention_implementation
     finally:
-        torch.set_num_threads(previous)
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    class SdpaOnly:
+        _supports_sdpa, _supports_flex_attn = True, False
+
+    assert [attention_implementation(SdpaOnly, name) for name in ("eager", "sdpa", "flex_attention")] == [
+        "eager", "sdpa", "eager"]  # fmt: skip
+    assert attention_implementation(object, "sdpa") == "eager"  # (transformers 4.37.2's Transformer-XL has no flags)
