@@ -291,6 +291,8 @@ class Session:
 
 
 def int8_model(session):
+    """int8 linear layers (`quantize_dynamic_int8`: torchao's, imported here so that the command runs without it;
+    `unmeasured_deploy_sides` leaves the int8 sides out where torchao is missing)."""
     from transformers_xl.modeling.quantization import quantize_dynamic_int8
 
     return quantize_dynamic_int8(session.model)
