@@ -69,15 +69,13 @@ def _shifted_view(position_scores: torch.Tensor, key_length: int, offset: int) -
 
 
 def _shifted_copy(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
-    """The same shift as a copy, for torch.export: the original code's pad-and-reshape (`_rel_shift`), with
-    `length - offset` columns padded on the left so that dropping the first `length` elements (the first row of a
-    [.., length] view) moves row i left by i. torch.export as torch.onnx.export runs it (size-oblivious) cannot
-    bound the view's slice of the flattened scores at an offset that depends on the length
-    (GuardOnDataDependentSymNode); here every slice starts at a constant."""
+    """The same shift as a copy, for torch.export: the flattened scores cropped by a negative pad (`offset` from the
+    start, `length - offset` from the end) instead of sliced. torch.export as torch.onnx.export runs it
+    (size-oblivious) cannot bound a slice at an offset that depends on the length (GuardOnDataDependentSymNode),
+    whereas the crop's size is exact; and no reshape infers a size, which would guard on divisibility."""
     *batch, length, distances = position_scores.shape
-    padded = F.pad(position_scores, (length - offset, 0))
-    rows = padded.reshape(*batch, -1, length)[..., 1:, :]
-    return rows.reshape(*batch, length, -1)[..., :key_length]
+    flat = F.pad(position_scores.reshape(*batch, length * distances), (-offset, offset - length))
+    return flat.view(*batch, length, distances - 1)[..., :key_length]
 
 
 class _RelativeShift(torch.autograd.Function):
