@@ -46,9 +46,10 @@ def test_a_bad_option_is_refused_before_torch_loads():
     assert result.stdout.split() == ["2", "False"] and "--threads: expected a positive integer" in result.stderr
 
 
-@pytest.mark.parametrize(
-    "command", [[sys.executable, "-c", "import transformers_xl"], [str(COMMAND), "--help"], [str(COMMAND), "push", "--help"]]
-)
+QUIET = [[sys.executable, "-c", "import transformers_xl"], [str(COMMAND), "--help"], [str(COMMAND), "push", "--help"]]
+
+
+@pytest.mark.parametrize("command", QUIET)
 def test_import_and_help_print_nothing_on_stderr(command):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stderr == ""
