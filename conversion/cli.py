@@ -1,21 +1,16 @@
-"""Convert a checkpoint (original TF, original PyTorch or legacy transformers) into a Hub folder, and push it.
+"""`transformers-xl convert`: read the source, write the folder and verify it, push it if asked.
 
-    transformers-xl convert SOURCE OUTPUT --from {tf,original-pytorch,hf-legacy} [options]
-
-OUTPUT gets safetensors weights, config.json with the model code beside it (loads with trust_remote_code=True
-where transformers-xl is not installed), generation config, tokenizer and model card; it is reloaded and compared
-with the source before it appears.
+The command's options and help are in transformers_xl_cli/convert.py.
 """
 
-import argparse
 import shlex
 import signal
 from pathlib import Path
 
 from .. import hub_configs
-from .hub_export import DEFAULT_MAX_SHARD_SIZE, DEFAULT_TOLERANCE, log, write_folder
+from .hub_export import DEFAULT_MAX_SHARD_SIZE, log, write_folder
 from .publish import OutputError, OutputExists, check_apart, check_output
-from .push import add_visibility_arguments, push_with_options
+from .push import push_with_options
 
 
 def read_source(args):
@@ -42,31 +37,6 @@ def command_line(args) -> str:
         if value is not None and not (option == "max_shard_size" and value == DEFAULT_MAX_SHARD_SIZE):
             words += ["--" + option.replace("_", "-"), str(value)]
     return shlex.join(words + ["--no-tokenizer"] * args.no_tokenizer)
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("source", metavar="SOURCE", help="checkpoint: TF prefix or folder, model.pt, or 4.x folder")
-    parser.add_argument("output", metavar="OUTPUT", help="the folder to write (refused if it exists, see --force)")
-    parser.add_argument("--from", dest="source_format", required=True, choices=["tf", "original-pytorch", "hf-legacy"])
-    parser.add_argument(
-        "--config",
-        help=f"a config.json, a JSON of the original training flags (tf), or a released config: {hub_configs.names()}",
-    )
-    parser.add_argument("--corpus-info", help="tf: the corpus-info.json of the original data script")
-    parser.add_argument("--task", help="tf (XLNet): the fine-tuning task whose head to convert")
-    vocabulary = parser.add_mutually_exclusive_group()
-    vocabulary.add_argument(
-        "--vocab", help="vocabulary for the tokenizer: tokenizer.json, vocab.pkl/.bin/.txt, spiece.model"
-    )
-    vocabulary.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer (even if one is found)")
-    parser.add_argument("--force", action="store_true", help="replace an OUTPUT that transformers-xl wrote")
-    parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, help="split weights above this size")
-    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
-    hub = parser.add_argument_group("Hub")
-    hub.add_argument("--push-to", metavar="ORG/NAME", help="upload OUTPUT to this model repo in one commit")
-    add_visibility_arguments(hub)
-    hub.add_argument("--revision", help="branch to commit to (created if missing)")
-    hub.add_argument("--dry-run", action="store_true", help="list what would be uploaded where, send nothing")
 
 
 def run(args) -> int:

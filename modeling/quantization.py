@@ -1,11 +1,12 @@
 """int8 quantization of both models for CPU inference, every projection and output layer included.
 
-The models call their linear layers as modules (`decoding_linear.linear_layer`), so tools that replace `nn.Linear`
-layers reach all of them: for Transformer-XL, torch.ao's `quantize_dynamic(model, {nn.Linear})` alone quantizes
-every projection, feed-forward layer and output layer of the adaptive softmax. XLNet's attention projections are
-parameters in the original [d_model, heads, d_head] layout (the checkpoints' names), so `use_linear_layers` first
-turns them into `nn.Linear` layers of the same products; then any tool that quantizes `nn.Linear` layers (torch.ao's
-dynamic quantization below, torchao's `quantize_`) covers them as well.
+The models call their linear layers as modules (`decoding_linear.linear_layer`), so tools that quantize `nn.Linear`
+layers reach all of them: for Transformer-XL, torchao's `quantize_(model, config)` alone quantizes every projection,
+feed-forward layer and output layer of the adaptive softmax. XLNet's attention projections are parameters in the
+original [d_model, heads, d_head] layout (the checkpoints' names), so `use_linear_layers` first turns them into
+`nn.Linear` layers of the same products; then any tool that quantizes `nn.Linear` layers covers them as well.
+torchao is an optional dependency (the `torchao` extra): its wheels log failures to load their CUDA extensions and
+deprecation warnings when imported beside a CPU build of torch, and transformers imports it whenever it is installed.
 
 What stays in float: the input embeddings (a lookup, not a product), the adaptive softmax's cluster logits (one row
 per tail cluster) and its projections when d_embed differs from d_model (parameters, shared with the input side).
@@ -13,8 +14,9 @@ per tail cluster) and its projections when d_embed differs from d_model (paramet
 
 import copy
 
-import torch
 from torch import nn
+
+TORCHAO_MISSING = 'int8 quantization needs torchao, which is not installed: pip install "transformers-xl[torchao]"'
 
 
 def use_linear_layers(model: nn.Module) -> nn.Module:
@@ -26,9 +28,15 @@ def use_linear_layers(model: nn.Module) -> nn.Module:
 
 
 def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose linear layers are int8 (torch.ao dynamic quantization, CPU): weights quantized once
-    per output channel (one scale per row, which keeps the rare large rows of trained output layers exact enough),
-    activations per call. The layers run in fp32 around int8 products; for inference (`eval()`, no gradients)."""
+    """A copy of `model` whose linear layers are int8 (torchao's dynamic quantization, CPU or GPU): weights quantized
+    once per output channel (one scale per row, which keeps the rare large rows of trained output layers exact
+    enough), activations per call and per token. The layers run in fp32 around int8 products; for inference
+    (`eval()`, no gradients). Raises ImportError, saying what to install, without torchao."""
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    except ImportError:
+        raise ImportError(TORCHAO_MISSING) from None
     quantized = use_linear_layers(copy.deepcopy(model))
-    qconfig = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
-    return torch.ao.quantization.quantize_dynamic(quantized, qconfig, dtype=torch.qint8, inplace=True)
+    # (set_inductor_config=False: torchao would otherwise change torch.compile's settings for the whole process)
+    quantize_(quantized, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
+    return quantized

@@ -6,16 +6,25 @@ real model's (random weights give flat ones, which hide errors). int8 per-channe
 carry about 8 significant bits, as bf16 does: the quantized log-probabilities are held to the error that rounding
 the same model to bf16 makes, with a factor of 3 for the activations' rounding (per tensor, not per row), and the
 greedy tokens must agree where fp32's choice is clear (a margin over the runner-up well above that error).
+
+The quantization is torchao's (the `torchao` extra, not in the default or `test` installs): without it these tests
+skip, but the one that checks the error saying what to install.
 """
 
 import copy
+import sys
+from importlib.util import find_spec
 
 import pytest
 import torch
 from torch import nn
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
-from transformers_xl.modeling.quantization import quantize_dynamic_int8, use_linear_layers
+from transformers_xl.modeling.quantization import TORCHAO_MISSING, quantize_dynamic_int8, use_linear_layers
+
+needs_torchao = pytest.mark.skipif(
+    find_spec("torchao") is None, reason='needs torchao: pip install "transformers-xl[torchao]"'
+)
 
 VOCAB = 48
 PERIOD = 11
@@ -81,26 +90,43 @@ def linear_layer_names(model):
 
 
 def quantized_layer_names(model):
-    return {name for name, module in model.named_modules() if isinstance(module, torch.ao.nn.quantized.dynamic.Linear)}
+    """The linear layers whose weight torchao replaced by a quantized tensor (a subclass of torch.Tensor)."""
+    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear) and is_quantized(module)}
 
 
+def is_quantized(layer: nn.Linear) -> bool:
+    return type(layer.weight) not in (torch.Tensor, nn.Parameter)
+
+
+def test_without_torchao_quantization_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # (import torchao then raises ImportError, as when missing)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    with pytest.raises(ImportError) as raised:
+        quantize_dynamic_int8(transfo_xl()[0])
+    assert str(raised.value) == TORCHAO_MISSING and "transformers-xl[torchao]" in TORCHAO_MISSING
+
+
+@needs_torchao
 def test_every_linear_layer_is_quantized(trained):
     family, model, _ = trained
     layers = linear_layer_names(use_linear_layers(copy.deepcopy(model)))
     per_layer = {"transfo-xl": 5, "xlnet": 7}[family]  # (qkv, r, o, 2 feed-forward) / (q, k, v, r, o, 2 ff)
     assert len(layers) == per_layer * model.config.n_layer + 1  # and the output layer
     quantized = quantize_dynamic_int8(model)
-    assert quantized_layer_names(quantized) == layers
-    assert not linear_layer_names(quantized)
-    assert linear_layer_names(model)  # (a copy was quantized)
+    assert quantized_layer_names(quantized) == layers == linear_layer_names(quantized)
+    assert not quantized_layer_names(model)  # (a copy was quantized)
 
 
-def test_transfo_xl_quantizes_with_quantize_dynamic_alone():
-    """The issue's call, without use_linear_layers: Transformer-XL's layers are nn.Linear modules already."""
+@needs_torchao
+def test_transfo_xl_quantizes_with_quantize_alone():
+    """torchao's quantize_ without use_linear_layers: Transformer-XL's layers are nn.Linear modules already."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
     torch.manual_seed(0)
     model = transfo_xl()[0].eval()
-    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
-    assert len(quantized_layer_names(quantized)) == 5 * 2 + 1 and not linear_layer_names(quantized)
+    quantized = copy.deepcopy(model)
+    quantize_(quantized, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
+    assert len(quantized_layer_names(quantized)) == 5 * 2 + 1 == len(linear_layer_names(quantized))
     ids = periodic_ids(2, 16)
     torch.testing.assert_close(two_segments(quantized, ids, {}), two_segments(model, ids, {}), atol=0.05, rtol=0)
 
@@ -120,6 +146,7 @@ def quantization_error_bound(model, ids, extra, expected):
     return 3 * (two_segments(bf16, ids, extra).float() - expected).abs().max().item()
 
 
+@needs_torchao
 def test_quantized_forward_with_memory_matches_fp32(trained):
     family, model, extra = trained
     ids = periodic_ids(3, 16, seed=100)
@@ -130,6 +157,7 @@ def test_quantized_forward_with_memory_matches_fp32(trained):
     assert 0 < (actual - expected).abs().max() <= bound
 
 
+@needs_torchao
 def test_quantized_loss_matches_fp32(trained):
     family, model, extra = trained
     ids = periodic_ids(3, 16, seed=101)
@@ -139,6 +167,7 @@ def test_quantized_loss_matches_fp32(trained):
     torch.testing.assert_close(actual, expected, atol=0.02, rtol=0.05)
 
 
+@needs_torchao
 def test_quantized_generation_with_memory_agrees_with_fp32(trained):
     family, model, extra = trained
     prompt = periodic_ids(2, 12, seed=102)
@@ -156,8 +185,9 @@ def periodic_continuation(prompt, new_tokens):
     return (phase + torch.arange(prompt.shape[1] + new_tokens)) % PERIOD * 3 + 2
 
 
+@needs_torchao
 def test_torchao_int8_weight_only_reaches_every_layer(trained):
-    torchao_quantization = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    import torchao.quantization as torchao_quantization
     family, model, extra = trained
     quantized = use_linear_layers(copy.deepcopy(model))
     torchao_quantization.quantize_(quantized, torchao_quantization.Int8WeightOnlyConfig())
@@ -169,10 +199,11 @@ def test_torchao_int8_weight_only_reaches_every_layer(trained):
     assert 0 < (actual - expected).abs().max() <= quantization_error_bound(model, ids, extra, expected)
 
 
+@needs_torchao
 def test_torchao_config_through_from_pretrained_then_the_rest(trained, tmp_path):
     """transformers' TorchAoConfig quantizes the nn.Linear layers it selects while loading (not the output layers,
     nor XLNet's attention projections, parameters at that point); torchao's quantize_ then covers the rest."""
-    torchao_quantization = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    import torchao.quantization as torchao_quantization
     from transformers import TorchAoConfig
 
     from transformers_xl.modeling.decoding_linear import is_plain_linear

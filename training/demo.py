@@ -1,21 +1,9 @@
-"""Train a small character-level Transformer-XL on the standard library's source and show what the memory buys.
+"""`transformers-xl demo`: train a small character-level Transformer-XL on the standard library's source and show
+what the memory buys.
 
-`transformers-xl demo` needs no download: its text is the Python standard library's own source files, found from
-the running interpreter (one file in ten, chosen by a hash of its path, is held out for evaluation). It trains with
-the public training API (`TextStream` + `MemoryTrainer`), then measures, on the held-out files:
-
-- bits per character of the trained model evaluated with its memory and without it (`mem_len` 0): the same
-  weights, the same segments; without memory a character sees only the earlier characters of its own segment;
-- the evaluation speed-up of Transformer-XL's state reuse (Sec. 3.2): to predict each character with an attention
-  length of A characters, a model without memory re-runs a sliding window of A characters, while Transformer-XL
-  runs each character once and attends to the A - 1 before it through the memory.
-
-It writes `metrics.json`, `demo.png` (the learning curve and both comparisons) and `model/` (loads with
-`AutoModelForCausalLM` + `AutoTokenizer`, with `import transformers_xl` or with `trust_remote_code=True`), and prints
-a generated sample.
+What it measures and writes, the command's options and its help are in transformers_xl_cli/demo.py.
 """
 
-import argparse
 import json
 import logging
 import math
@@ -32,25 +20,15 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, TrainingArguments, set_seed
 from transformers.trainer_callback import ProgressCallback
+from transformers_xl_cli.demo import DEFAULTS, QUICK
 
 from ..conversion.publish import _umask_permissions
 from ..conversion.remote_code import full_auto_map
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
-from .arguments import positive_float, positive_int
 from .memory_trainer import MemoryTrainer
 from .streams import TextStream
 
-# The numbers of the two settings; `--quick` is for tests and CI (well under a minute), the default takes about
-# 5 minutes on 2 CPU cores.
-DEFAULTS = dict(
-    steps=4000, d_model=128, n_layer=4, n_head=4, segment_len=32, mem_len=128, batch_size=16, learning_rate=2e-3,
-    eval_chars=65536, speed_chars=512,
-)  # fmt: skip
-QUICK = dict(
-    steps=30, d_model=32, n_layer=2, n_head=2, segment_len=16, mem_len=32, batch_size=4, learning_rate=5e-3,
-    eval_chars=2048, speed_chars=64,
-)  # fmt: skip
 HELD_OUT_ONE_IN = 10
 SKIPPED_FOLDERS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 # The vocabulary: one token per printable ASCII character, newline and tab; anything else is <unk>; <eos> ends a file.
@@ -58,36 +36,6 @@ CHARACTERS = ["\n", "\t", *map(chr, range(32, 127))]
 UNK, EOS = "<unk>", "<eos>"
 SAMPLE_PROMPT = "import os\n\n\ndef "
 SAMPLE_LENGTH = 300
-
-
-def add_arguments(parser):
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--quick", action="store_true", help="a tiny run that finishes in well under a minute")
-    parser.add_argument("--output-dir", default="transformers-xl-demo", help="where to write (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the training (default: 0)")
-    parser.add_argument(
-        "--threads", type=positive_int, default=None,
-        help="CPU threads for torch (default: torch's choice, one per core); on a machine busy with other work, 1 "
-        "(or OMP_WAIT_POLICY=PASSIVE in the environment) avoids threads spinning while they wait for a core",
-    )  # fmt: skip
-    numbers = parser.add_argument_group("sizes (defaults: the full run / --quick)")
-    help_text = {
-        "steps": "training steps",
-        "d_model": "model width",
-        "n_layer": "layers",
-        "n_head": "attention heads (they split d_model)",
-        "segment_len": "characters per segment (tgt_len), in training and evaluation",
-        "mem_len": "characters of memory; also the attention length of the speed comparison",
-        "batch_size": "rows of text trained side by side",
-        "learning_rate": "peak learning rate (AdamW, cosine decay)",
-        "eval_chars": "held-out characters evaluated with and without memory",
-        "speed_chars": "held-out characters predicted by each side of the speed comparison",
-    }
-    for name, text in help_text.items():
-        kind = positive_float if isinstance(DEFAULTS[name], float) else positive_int
-        numbers.add_argument(
-            f"--{name.replace('_', '-')}", type=kind, default=None, help=f"{text} ({DEFAULTS[name]} / {QUICK[name]})"
-        )
 
 
 def settings_from(args) -> dict:
@@ -115,6 +63,7 @@ def run(args) -> int:
     except ValueError as error:
         print(f"transformers-xl demo: {error}", file=sys.stderr)
         return 2
+    torch.set_num_threads(settings["threads"])  # (the command's process: run_demo, a library function, does not)
     try:
         metrics = run_demo(settings, Path(args.output_dir))
     except FileNotFoundError as error:  # (no standard library sources to train on)
@@ -372,8 +321,6 @@ def plot(metrics: dict, path: Path) -> Figure:
 def run_demo(settings: dict, output_dir: Path) -> dict:
     """Read, train, evaluate, time, sample and write everything; returns the metrics (also in metrics.json)."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    if settings["threads"] is not None:
-        torch.set_num_threads(settings["threads"])
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = character_tokenizer()
     root, training_files, held_out_files = stdlib_files()

@@ -1,25 +1,8 @@
-"""Evaluate a Transformer-XL language model on text files with the paper's protocol (the original `eval.py`).
+"""The paper's evaluation protocol (the original `eval.py`) over text files, and `transformers-xl evaluate`.
 
-    transformers-xl evaluate MODEL TEXT_FILE [TEXT_FILE ...] [--batch-size 10] [--tgt-len L] [--mem-len M]
-                             [--clamp-len C] [--same-length | --no-same-length] [--line-end eos|double-eos|none]
-                             [--bf16] [--device DEVICE] [--json PATH] [--allow-unknown]
-
-MODEL is a folder (converted, transformers 4.x, or saved by this package) or a Hub id; its tokenizer's vocabulary
-encodes the text as the original corpus readers do (each line stripped and split on whitespace, then `<eos>`, or
-`<S>` ... `<S>` for lm1b, or nothing for enwik8 / text8, whose files are space-separated characters). The id stream
-is cut into `--batch-size` rows (the tail that does not fill every row is dropped) and read in segments of
-`--tgt-len` with the memory carried from segment to segment; every token of a row but its first is predicted once,
-the last position of a segment predicting the first token of the next. The loss is eval.py's: sum(seq_len x segment
-mean NLL) / sum(seq_len), i.e. the mean NLL over every predicted token; a loss that is not finite is an error, not
-a result, as are non-finite weights, a vocabulary of special tokens only, a text without symbols and one of which
-more than half are not in the vocabulary (unless --allow-unknown). Defaults come from the model's config
-(`tgt_len`, `mem_len`, `clamp_len`, `same_length`); the paper's settings for the released checkpoints are in
-docs/evaluation.md. Example:
-
-    transformers-xl evaluate ./transfo-xl-wt103 wikitext-103/wiki.test.tokens --json test.json
+The protocol, the command's options and its help are in transformers_xl_cli/evaluate.py.
 """
 
-import argparse
 import json
 import math
 import os
@@ -32,44 +15,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..modeling.memory_cache import MemoryCache
-from .arguments import non_negative_int, positive_int
 from safetensors import SafetensorError
 
-from .corpus import LINE_ENDS, CorpusError, check_readable, encode_file
-
-MAX_UNKNOWN_RATE = 0.5
-"""Above this share of symbols outside the vocabulary, the text does not match the model's tokenizer."""
+from ..modeling.memory_cache import MemoryCache
+from .corpus import CorpusError, check_encoded, check_readable, check_vocabulary, encode_file
 
 
 class EvaluationError(ValueError):
     """Input that cannot be evaluated (the model, the options or a text file), said in one line."""
-
-
-def add_arguments(parser):
-    parser.add_argument("model", help="a model folder (converted, transformers 4.x or our own) or a Hub id")
-    parser.add_argument("text_files", nargs="+", metavar="TEXT_FILE", help="text to evaluate; each file apart")
-    parser.add_argument("--batch-size", type=positive_int, default=10, help="rows read side by side (default: 10)")
-    parser.add_argument("--tgt-len", type=positive_int, help="tokens per segment (default: the config's tgt_len)")
-    parser.add_argument("--mem-len", type=non_negative_int, help="memory length (default: the config's mem_len)")
-    parser.add_argument(
-        "--clamp-len", type=int, help="relative distances beyond it use its encoding; <= 0: none (default: config)"
-    )
-    parser.add_argument(
-        "--same-length", action=argparse.BooleanOptionalAction, default=None,
-        help="every query attends to the same number of positions (default: the config's same_length)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--line-end", choices=sorted(LINE_ENDS), default=None,
-        help="what ends each line: eos (wt103, PTB, WikiText), double-eos (lm1b's <S> ... <S>), none (enwik8, "
-        "text8: space-separated characters) (default: double-eos if the tokenizer adds it, eos if the vocabulary "
-        "has <eos>, else none)",
-    )  # fmt: skip
-    parser.add_argument("--bf16", action="store_true", help="run the model in bfloat16 autocast")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--json", metavar="PATH", help="also write the settings and results to this JSON file")
-    parser.add_argument("--allow-unknown", action="store_true",
-                        help=f"evaluate a text of which over {MAX_UNKNOWN_RATE:.0%} of the symbols are <unk>")
 
 
 def run(args) -> int:
@@ -106,17 +59,6 @@ def write_json(path: Path, data):
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
-
-
-def check_unknown_rate(path, unknown: int, symbols: int, allow_unknown: bool = False):
-    """Refuse a text of which more than MAX_UNKNOWN_RATE of the symbols are not in the vocabulary (a character model
-    on word text, another model's vocabulary): its loss measures the <unk> token, not the model."""
-    if symbols and unknown / symbols > MAX_UNKNOWN_RATE and not allow_unknown:
-        raise CorpusError(
-            f"{path}: {unknown / symbols:.1%} of its {symbols} symbols are not in the model's vocabulary (<unk>), "
-            f"over {MAX_UNKNOWN_RATE:.0%}: the text does not match the tokenizer; pass --allow-unknown to evaluate it "
-            "anyway."
-        )
 
 
 def resolve_device(name: str | None) -> str:
@@ -163,9 +105,7 @@ def evaluate_files(args) -> dict:
     except (RuntimeError, ValueError, AssertionError) as error:
         raise EvaluationError(f"--device {settings['device']}: {str(error).splitlines()[0]}") from None
     vocab = tokenizer.get_vocab()
-    if not set(vocab) - set(tokenizer.all_special_tokens):
-        raise EvaluationError(f"{args.model}: the tokenizer's vocabulary holds only special tokens "
-                              f"({', '.join(sorted(vocab))}); there is nothing to evaluate.")  # fmt: skip
+    check_vocabulary(sorted(vocab), set(tokenizer.all_special_tokens), f"{args.model}: the tokenizer's vocabulary")
     if max(vocab.values()) >= config.vocab_size:
         raise EvaluationError(
             f"{args.model}: the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary has "
@@ -176,9 +116,7 @@ def evaluate_files(args) -> dict:
         encoded = encode_file(
             path, vocab, settings["line_end"], tokenizer.unk_token, getattr(tokenizer, "lower_case", False)
         )
-        if encoded.words == 0:
-            raise EvaluationError(f"{path}: no symbols to evaluate (blank lines only).")
-        check_unknown_rate(path, encoded.unknown, encoded.words, args.allow_unknown)
+        check_encoded(path, encoded, tokenizer.unk_token, args.allow_unknown)
         ids = torch.from_numpy(encoded.ids.astype(np.int64))
         if len(ids) // settings["batch_size"] < 2:
             raise EvaluationError(
