@@ -58,7 +58,7 @@ def run(args) -> int:
 
 def _convert_and_push(args, output: Path) -> int:
     try:
-        check_output(output, "convert", args.force, say=log)  # (before reading the source, which can take minutes)
+        check_output(output, args.force, say=log, command="convert")  # (before reading the source: it can take minutes)
         converted = read_source(args)
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, with_tokenizer=not args.no_tokenizer,

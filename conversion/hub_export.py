@@ -271,7 +271,7 @@ def write_folder(
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
         converted.config.eos_token_id = end
 
-    publishing = StagingFolder(output, "convert", force, marker={"command": command}, say=log)
+    publishing = StagingFolder(output, force, marker={"command": command}, say=log, command="convert")
     with publishing as staged, _write_failures(staged):
         staging = staged.path
         log(f"building {converted.model_class.__name__} from {converted.source}")

@@ -183,7 +183,7 @@ def check_apart(output: Path, source: Path):
         raise OutputError(f"OUTPUT {output} lies inside SOURCE {source}; write elsewhere.")
 
 
-def check_output(output: Path, command: str, force: bool, say: Callable[[str], None] = _say):
+def check_output(output: Path, force: bool, say: Callable[[str], None] = _say, *, command: str):
     """Before any work: OUTPUT may be written (absent, or with `force` a folder `command` published), and a folder
     can be created beside it. First removes the staging folders of killed runs (and puts back what they had moved
     aside)."""
@@ -205,18 +205,19 @@ def check_output(output: Path, command: str, force: bool, say: Callable[[str], N
 
 
 class StagingFolder:
-    """`with StagingFolder(output, command, force) as staging:` write into `staging.path`, then `staging.publish()`;
-    on any exception (or without a publish) the staging folder is removed. `command` ("convert", "export") is
-    recorded in the marker: `force` replaces only a folder of the same command."""
+    """`with StagingFolder(output, force, command=...) as staging:` write into `staging.path`, then
+    `staging.publish()`; on any exception (or without a publish) the staging folder is removed. `command`
+    ("convert", "export"; keyword-only) is recorded in the marker: `force` replaces only a folder of the same
+    command."""
 
-    def __init__(self, output, command: str, force: bool = False, marker: dict | None = None,
-                 say: Callable[[str], None] = _say):  # fmt: skip
+    def __init__(self, output, force: bool = False, marker: dict | None = None, say: Callable[[str], None] = _say, *,
+                 command: str):  # fmt: skip
         self.output, self.command, self.force, self.say = Path(output).absolute(), command, force, say
         self.marker = {"written_by": "transformers-xl", "subcommand": command, **(marker or {})}
         self.path: Path | None = None
 
     def __enter__(self) -> "StagingFolder":
-        check_output(self.output, self.command, self.force, self.say)
+        check_output(self.output, self.force, self.say, command=self.command)
         self.path = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.{_owner()}.", suffix=STAGING,
                                           dir=self.output.parent))  # fmt: skip
         return self

@@ -207,7 +207,7 @@ def export_onnx(
         raise ValueError(f"segment length {segment_length} and batch size {batch_size}: expected a batch of at least 1 "
                          f"and segments of at least {streaming.shortest_segment()} tokens for {type(model).__name__}.")
     segments = verification_stream(streaming, dynamic, batch_size, segment_length)
-    with StagingFolder(output, "export", force, marker={"format": "onnx"}, say=log) as staged:
+    with StagingFolder(output, force, marker={"format": "onnx"}, say=log, command="export") as staged:
         graph = staged.path / "model.onnx"
         log(f"exporting {type(model).__name__} ({'dynamic' if dynamic else 'fixed'} batch and segment length)")
         export_graph(streaming, graph, dynamic=dynamic, batch_size=batch_size, segment_length=segment_length,

@@ -194,7 +194,7 @@ def test_of_two_exports_to_one_output_the_first_to_finish_wins(tmp_path, capsys,
 
     def meanwhile(*args, **kwargs):
         export_graph(*args, **kwargs)
-        with onnx_export.StagingFolder(tmp_path / "onnx", "export") as other:
+        with onnx_export.StagingFolder(tmp_path / "onnx", command="export") as other:
             (other.path / "config.json").write_text("{}")
             (other.path / "model.onnx").write_text("the other run's")
             other.publish()

@@ -56,7 +56,7 @@ def test_rename_no_replace_keeps_what_is_there(existing, no_replace_mode, tmp_pa
 def test_output_that_appears_while_writing_is_kept(no_replace_mode, tmp_path):
     output = tmp_path / "out"
     with pytest.raises(OutputExists, match="appeared while this run was writing; it is left as it is"):
-        with StagingFolder(output, "convert") as staging:
+        with StagingFolder(output, command="convert") as staging:
             write_model(staging.path)
             output.mkdir()
             (output / "notes.txt").write_text("data")  # (someone, or another run, made OUTPUT meanwhile)
@@ -67,10 +67,10 @@ def test_output_that_appears_while_writing_is_kept(no_replace_mode, tmp_path):
 def test_of_two_runs_to_one_output_the_first_to_publish_wins(no_replace_mode, tmp_path):
     output = tmp_path / "out"
     with pytest.raises(OutputExists):
-        with StagingFolder(output, "convert") as first:
+        with StagingFolder(output, command="convert") as first:
             write_model(first.path)
             (first.path / "run").write_text("first")
-            with StagingFolder(output, "convert") as second:  # (started while the first writes: no OUTPUT yet)
+            with StagingFolder(output, command="convert") as second:  # (started while the first writes)
                 write_model(second.path)
                 (second.path / "run").write_text("second")
                 second.publish()
@@ -82,7 +82,7 @@ def test_of_two_runs_to_one_output_the_first_to_publish_wins(no_replace_mode, tm
 def test_a_published_folder_gets_a_marker_and_the_umask_permissions(tmp_path):
     umask = os.umask(0o022)
     try:
-        with StagingFolder(tmp_path / "out", "convert", marker={"command": "convert x"}) as staging:
+        with StagingFolder(tmp_path / "out", marker={"command": "convert x"}, command="convert") as staging:
             (staging.path / "sub").mkdir()
             (staging.path / "sub" / "file").write_text("x")
             os.chmod(staging.path / "sub" / "file", 0o600)
@@ -99,10 +99,10 @@ def test_a_published_folder_gets_a_marker_and_the_umask_permissions(tmp_path):
 
 def test_force_replaces_only_a_folder_we_wrote_and_says_so(tmp_path):
     output, said = tmp_path / "out", []
-    with StagingFolder(output, "convert") as staging:
+    with StagingFolder(output, command="convert") as staging:
         write_model(staging.path)
         staging.publish()
-    with StagingFolder(output, "convert", force=True, say=said.append) as staging:
+    with StagingFolder(output, force=True, say=said.append, command="convert") as staging:
         write_model(staging.path)
         (staging.path / "run").write_text("second")
         staging.publish()
@@ -121,7 +121,7 @@ def test_force_replaces_only_a_folder_we_wrote_and_says_so(tmp_path):
             (theirs / (MARKER if not_ours == "no weights" else "config.json")).write_text("{}")
         before = theirs.read_text() if theirs.is_file() else names(theirs)
         with pytest.raises(OutputError, match="is not a folder written by transformers-xl"):
-            StagingFolder(theirs, "convert", force=True).__enter__()
+            StagingFolder(theirs, force=True, command="convert").__enter__()
         assert (theirs.read_text() if theirs.is_file() else names(theirs)) == before
     assert (tmp_path / "a link to ours").is_symlink()
 
@@ -131,7 +131,7 @@ def test_force_replaces_only_what_the_same_command_wrote(tmp_path):
     refused with its reason, and kept as it is."""
     exported, converted = tmp_path / "onnx", tmp_path / "converted"
     for output, command in ((exported, "export"), (converted, "convert")):
-        with StagingFolder(output, command) as staging:
+        with StagingFolder(output, command=command) as staging:
             write_model(staging.path)
             staging.publish()
     (exported / "notes").mkdir()
@@ -142,7 +142,7 @@ def test_force_replaces_only_what_the_same_command_wrote(tmp_path):
     ):
         before = sorted(path.relative_to(output) for path in output.rglob("*"))
         with pytest.raises(OutputError, match=f"is not a folder written by transformers-xl {command} \\({reason}\\)"):
-            StagingFolder(output, command, force=True).__enter__()
+            StagingFolder(output, force=True, command=command).__enter__()
         assert sorted(path.relative_to(output) for path in output.rglob("*")) == before
 
 
@@ -157,11 +157,11 @@ def test_an_output_that_is_holds_or_lies_inside_the_source_is_refused(tmp_path, 
 
 def test_output_that_changes_before_force_replaces_it_is_kept(tmp_path):
     output = tmp_path / "out"
-    with StagingFolder(output, "convert") as staging:
+    with StagingFolder(output, command="convert") as staging:
         write_model(staging.path)
         staging.publish()
     with pytest.raises(OutputError, match="no longer a folder written by transformers-xl"):
-        with StagingFolder(output, "convert", force=True) as staging:
+        with StagingFolder(output, force=True, command="convert") as staging:
             write_model(staging.path)
             (output / MARKER).unlink()  # (replaced by something else meanwhile)
             staging.publish()
@@ -171,14 +171,14 @@ def test_output_that_changes_before_force_replaces_it_is_kept(tmp_path):
 def test_an_unwritable_place_is_refused_before_any_work(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("data")
     with pytest.raises(OutputError, match=f"cannot write in {tmp_path / 'file'}: "):
-        publish.check_output(tmp_path / "file" / "out", "convert", force=False)
+        publish.check_output(tmp_path / "file" / "out", force=False, command="convert")
 
     def read_only(*args, **kwargs):
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(publish.tempfile, "mkdtemp", read_only)
     with pytest.raises(OutputError, match=f"cannot write in {tmp_path}: Read-only file system"):
-        publish.check_output(tmp_path / "out", "convert", force=False)
+        publish.check_output(tmp_path / "out", force=False, command="convert")
 
 
 # --- staging folders of killed runs -----------------------------------------------------------------------------
@@ -188,7 +188,7 @@ STAGE_AND_WAIT = textwrap.dedent("""
     spec = importlib.util.spec_from_file_location("publish", sys.argv[1])
     publish = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(publish)
-    staging = publish.StagingFolder(sys.argv[2], "convert").__enter__()
+    staging = publish.StagingFolder(sys.argv[2], command="convert").__enter__()
     (staging.path / "model.safetensors").write_bytes(bytes(1000))
     print(staging.path, flush=True)
     time.sleep(120)
@@ -203,12 +203,12 @@ def test_the_staging_folder_of_a_killed_run_is_removed_by_the_next_run(tmp_path)
         staging = run.stdout.readline().strip()
         assert staging.startswith(str(tmp_path / ".out.")) and staging.endswith(".partial")
         said = []
-        publish.check_output(output, "convert", force=False, say=said.append)
+        publish.check_output(output, force=False, say=said.append, command="convert")
         assert said == [] and names(tmp_path) == [os.path.basename(staging)]  # (its process still runs)
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait()
-    publish.check_output(output, "convert", force=False, say=said.append)
+    publish.check_output(output, force=False, say=said.append, command="convert")
     assert said == [f"removed {staging}, left by process {run.pid}, which no longer runs"]
     assert names(tmp_path) == []
 
@@ -223,7 +223,7 @@ def test_a_staging_folder_whose_pid_was_reused_is_stale(tmp_path):
     other_output = tmp_path / f".out.v2.{publish._host()}-{os.getpid()}-1.abc123.partial"  # (OUTPUT out.v2's)
     other_output.mkdir()
     said = []
-    publish.check_output(tmp_path / "out", "convert", force=False, say=said.append)
+    publish.check_output(tmp_path / "out", force=False, say=said.append, command="convert")
     assert names(tmp_path) == sorted([mine.name, other_output.name])
     assert said == [f"removed {stale}, left by process {os.getpid()}, which no longer runs"]
 
@@ -237,7 +237,7 @@ def test_a_folder_moved_aside_by_a_killed_force_run_is_put_back(tmp_path):
     marker = {"written_by": "transformers-xl", "subcommand": "convert", "files": ["config.json", "model.safetensors"]}
     (aside / MARKER).write_text(json.dumps(marker))
     said = []
-    publish.check_output(tmp_path / "out", "convert", force=True, say=said.append)  # (the same command, run again)
+    publish.check_output(tmp_path / "out", force=True, say=said.append, command="convert")  # (the same command again)
     assert names(tmp_path) == ["out"] and names(tmp_path / "out") == [MARKER, "config.json", "model.safetensors"]
     assert said == [f"put back {tmp_path / 'out'}, which process {dead.pid} (no longer running) had moved aside to "
                     "replace it"]  # fmt: skip
