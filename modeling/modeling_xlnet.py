@@ -247,7 +247,9 @@ class XLNetRelativeAttention(nn.Module):
             None,  # the mask is folded into position_bias
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scale,
-            position_bias=position_bias.to(dtype),
+            # (contiguous: transformers' flex_attention compiles for CPU a kernel that misreads a strided bias once
+            # its shapes are dynamic; sdpa makes it contiguous anyway)
+            position_bias=position_bias.to(dtype).contiguous(),
             is_causal=False,
         )
 
