@@ -16,7 +16,8 @@ encoder over [memory; segment].
 Parameter names, shapes, inputs and outputs are those of transformers' `XLNet*` classes, so the two load each
 other's checkpoints and `mems`. Memory layout: `mems` (in and out) has one tensor per layer, `mems[i]` = the input of
 layer i over the last `mem_len` positions, time-major `[mem_len, batch, d_model]`. Inside, everything is
-batch-first ([B, L, d], heads [B, H, L, d_head]) and attention runs in torch's fused kernel (see relative_attention).
+batch-first ([B, L, d], heads [B, H, L, d_head]); attention goes through transformers' attention interface
+(`config._attn_implementation`: "eager", "sdpa", "flex_attention"; see XLNetRelativeAttention).
 """
 
 from collections.abc import Callable
@@ -988,9 +989,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
                 "XLNetLMHeadModel.generate: assisted decoding and prompt lookup (`assistant_model`, "
                 "`prompt_lookup_num_tokens`) are not supported. They check k draft tokens with one forward pass "
                 "that must give the distributions of k one-token steps. In XLNet's generation scheme each step "
-                "recomputes the last two tokens, which attend to each other, so a token's states change from one step "
-                "to the next and one pass over the drafts (one state per token) cannot reproduce them. Use greedy "
-                "search, sampling or beam search."
+                "recomputes the last two tokens, which attend to each other, so one pass over the drafts cannot "
+                "reproduce them. Use greedy search, sampling or beam search."
             )
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 

@@ -289,3 +289,13 @@ def test_same_bits_in_three_processes():
         assert result.returncode == 0, result.stderr[-2000:]
         digests.add(result.stdout.strip().splitlines()[-1])
     assert len(digests) == 1, digests
+
+
+def test_generation_keeps_no_copy_of_the_weights():
+    """The model holds its weights once: after a bf16 generate(), no module holds a tensor besides its parameters
+    and buffers (no kept fp16 / packed copies, no snapshots)."""
+    model = tiny(mem_len=6).to(torch.bfloat16)
+    model.generate(ids(2, 4), max_new_tokens=3, do_sample=False)
+    for name, module in model.named_modules():
+        extra = [key for key, value in vars(module).items() if torch.is_tensor(value)]
+        assert not extra, (name, extra)
