@@ -33,6 +33,13 @@ from transformers.activations import ACT2FN, get_activation
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.models.xlnet.modeling_xlnet import (  # the heads' outputs: transformers' own classes
+    XLNetForMultipleChoiceOutput,
+    XLNetForQuestionAnsweringOutput,
+    XLNetForQuestionAnsweringSimpleOutput,
+    XLNetForSequenceClassificationOutput,
+    XLNetForTokenClassificationOutput,
+)
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
@@ -64,9 +71,7 @@ from .relative_attention import (
 MAX_TOKEN_TYPE_ID = 4
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Outputs (field names as in transformers' XLNet)
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Outputs (transformers' XLNet's, with the generation cache) -----
 
 
 @dataclass
@@ -93,62 +98,7 @@ class XLNetLMHeadModelOutput(ModelOutput):
     cache: MemoryCache | None = None
 
 
-@dataclass
-class XLNetForSequenceClassificationOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForTokenClassificationOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForMultipleChoiceOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForQuestionAnsweringSimpleOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    start_logits: torch.Tensor | None = None
-    end_logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForQuestionAnsweringOutput(ModelOutput):
-    """At inference: the `start_n_top` best starts, for each the `end_n_top` best ends (beam search over spans; the
-    "log_probs" are probabilities, as in transformers), and `cls_logits`, the answerability logit (SQuAD 2.0)."""
-
-    loss: torch.Tensor | None = None
-    start_top_log_probs: torch.Tensor | None = None
-    start_top_index: torch.LongTensor | None = None
-    end_top_log_probs: torch.Tensor | None = None
-    end_top_index: torch.LongTensor | None = None
-    cls_logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Layers
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Layers -----
 
 
 class XLNetRelativeAttention(nn.Module):
@@ -436,9 +386,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         return outputs[:, :length], outputs[:, length:], probs, key_values
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Head building blocks (names as in transformers, so head weights load too)
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Head building blocks (names as in transformers, so head weights load too) -----
 
 
 def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.Tensor:
@@ -543,9 +491,7 @@ class XLNetSequenceSummary(nn.Module):
         return self.last_dropout(output)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Models
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Models -----
 
 
 class XLNetPreTrainedModel(PreTrainedModel):
@@ -630,7 +576,7 @@ class XLNetModel(XLNetPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.word_embedding = new_embeddings
 
-    # ----- inputs -----------------------------------------------------------------------------------------------
+    # ----- inputs -----
 
     def _check_inputs(self, input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping,
                       token_type_ids):
@@ -670,7 +616,7 @@ class XLNetModel(XLNetPreTrainedModel):
             )
         return batch, length
 
-    # ----- memory: the one place that reads and writes `mems` -------------------------------------------------
+    # ----- memory: the one place that reads and writes `mems` -----
 
     def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
         """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table."""
@@ -688,7 +634,7 @@ class XLNetModel(XLNetPreTrainedModel):
             ),
         )
 
-    # ----- encodings and masks ----------------------------------------------------------------------------------
+    # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
         """Sinusoid encodings R of the relative distances highest, highest-1, ..., lowest: k ... -q+1 for "bi",
@@ -738,7 +684,7 @@ class XLNetModel(XLNetPreTrainedModel):
         content_mask = query_mask & ~itself
         return query_mask[:, None], content_mask[:, None]
 
-    # ----- forward ----------------------------------------------------------------------------------------------
+    # ----- forward -----
 
     @can_return_tuple
     def forward(
@@ -978,7 +924,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             cache=outputs.cache,
         )
 
-    # ----- generation -------------------------------------------------------------------------------------------
+    # ----- generation -----
 
     # Tokens of the previous step recomputed at every step with memory (transformers' choice: slightly better than 1).
     generation_offset = 2
@@ -1440,9 +1386,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Auto classes
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Auto classes -----
 
 # Which of our classes each Auto class gives for model type "xlnet" (transformers' own XLNet mapping, same names).
 AUTO_CLASSES = {
