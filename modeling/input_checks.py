@@ -2,11 +2,11 @@
 computation with a message naming the argument, what it got and what was expected (instead of a shape error deep
 inside torch, or a silently wrong loss).
 
-Shapes, dtypes and devices are known while torch.compile traces, so those checks raise there too. Checks of the
-values (ids in the vocabulary, labels in range) read the data, which a compiled or traced graph may not branch on:
-there they become in-graph assertions (`torch._assert_async`, like transformers' `torch_compilable_check`), which
-raise a RuntimeError with the same expectation when the graph runs on CPU (unless one of the graph's own index checks
-fires first) and a device-side assert on GPU.
+Shapes, dtypes and devices are known on the host, so those checks cost nothing. Checks of the values (ids in the
+vocabulary, labels in range) never read the data on the host (a GPU would stall for it): they are in-graph
+assertions (`torch._assert_async`, like transformers' `torch_compilable_check`). On CPU the assertion fails at once,
+and the check then reports the invalid values in a ValueError; on an accelerator it is a device-side assert; in a
+compiled or traced graph, a RuntimeError with the same expectation.
 """
 
 import torch
@@ -14,26 +14,25 @@ import torch
 IGNORE_INDEX = -100  # the label value every loss skips (transformers' convention)
 
 
-def reads_data() -> bool:
-    """Whether checks may read tensor values: not while torch.compile / torch.jit trace a graph."""
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
-
-
 def check_all(model: str, argument: str, valid: torch.Tensor, values: torch.Tensor, expected: str):
-    """Raise a ValueError unless the boolean tensor `valid` is all True, naming the range of the invalid `values`
-    (read only on failure). In a compiled / traced graph, an in-graph assertion instead (see the module docstring).
+    """Fail unless the boolean tensor `valid` is all True, without a host sync (see the module docstring). Where the
+    assertion fails at once (CPU, eager), a ValueError names the range of the invalid `values`.
 
     `expected` must not print a size the graph may trace as a symbol (a sequence length): formatting it would
     specialise the graph to that size, hence one recompilation per length."""
-    if not reads_data():
-        torch._assert_async(valid.all(), f"{model}: `{argument}` has values out of range; expected {expected}.")
-    elif not valid.all():
+    message = f"{model}: `{argument}` has values out of range; expected {expected}."
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        torch._assert_async(valid.all(), message)
+        return
+    try:
+        torch._assert_async(valid.all(), message)
+    except RuntimeError:
         invalid = values[~valid]
         lowest, highest = (value.item() for value in torch.aminmax(invalid))
         raise ValueError(
             f"{model}: `{argument}` has {invalid.numel()} value(s) out of range, in [{lowest}, {highest}]; expected "
             f"{expected}."
-        )
+        ) from None
 
 
 def check_shape(model: str, argument: str, tensor, expected: tuple, described: str, origin: str = ""):

@@ -16,7 +16,8 @@ encoder over [memory; segment].
 Parameter names, shapes, inputs and outputs are those of transformers' `XLNet*` classes, so the two load each
 other's checkpoints and `mems`. Memory layout: `mems` (in and out) has one tensor per layer, `mems[i]` = the input of
 layer i over the last `mem_len` positions, time-major `[mem_len, batch, d_model]`. Inside, everything is
-batch-first ([B, L, d], heads [B, H, L, d_head]) and attention runs in torch's fused kernel (see relative_attention).
+batch-first ([B, L, d], heads [B, H, L, d_head]); attention goes through transformers' attention interface
+(`config._attn_implementation`: "eager", "sdpa", "flex_attention"; see XLNetRelativeAttention).
 """
 
 from collections.abc import Callable
@@ -31,13 +32,19 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import slice_logits_to_keep
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.models.xlnet.modeling_xlnet import (  # the heads' outputs: transformers' own classes
+    XLNetForMultipleChoiceOutput,
+    XLNetForQuestionAnsweringOutput,
+    XLNetForQuestionAnsweringSimpleOutput,
+    XLNetForSequenceClassificationOutput,
+    XLNetForTokenClassificationOutput,
+)
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
-from .decoding_linear import is_plain_linear, linear, linear_layer, onednn_linear_op
-from .decoding_threads import on_decoding_threads
 from .input_checks import (
+    IGNORE_INDEX,
     check_class_ids,
     check_inputs,
     check_integer,
@@ -50,20 +57,11 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
-from .cross_entropy import (
-    IGNORE_INDEX,
-    Softmax,
-    SoftmaxPart,
-    linear_cross_entropy,
-    loss_per_target,
-    reduce_nll,
-    reduced_cross_entropy,
-)
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     causal_memory_mask,
-    RelativePositions,
-    relative_attention,
+    eager_attention_forward,
+    relative_shift,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -73,9 +71,7 @@ from .relative_attention import (
 MAX_TOKEN_TYPE_ID = 4
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Outputs (field names as in transformers' XLNet)
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Outputs (transformers' XLNet's, with the generation cache) -----
 
 
 @dataclass
@@ -102,62 +98,7 @@ class XLNetLMHeadModelOutput(ModelOutput):
     cache: MemoryCache | None = None
 
 
-@dataclass
-class XLNetForSequenceClassificationOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForTokenClassificationOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForMultipleChoiceOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForQuestionAnsweringSimpleOutput(ModelOutput):
-    loss: torch.Tensor | None = None
-    start_logits: torch.Tensor | None = None
-    end_logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class XLNetForQuestionAnsweringOutput(ModelOutput):
-    """At inference: the `start_n_top` best starts, for each the `end_n_top` best ends (beam search over spans; the
-    "log_probs" are probabilities, as in transformers), and `cls_logits`, the answerability logit (SQuAD 2.0)."""
-
-    loss: torch.Tensor | None = None
-    start_top_log_probs: torch.Tensor | None = None
-    start_top_index: torch.LongTensor | None = None
-    end_top_log_probs: torch.Tensor | None = None
-    end_top_index: torch.LongTensor | None = None
-    cls_logits: torch.Tensor | None = None
-    mems: tuple[torch.Tensor, ...] | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Layers
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Layers -----
 
 
 class XLNetRelativeAttention(nn.Module):
@@ -170,14 +111,19 @@ class XLNetRelativeAttention(nn.Module):
                  + (q_i + b)^T s_ij           relative segment encoding; b = `r_s_bias`, s_ij = `seg_embed`[0] if
                                               i and j are in the same segment, else `seg_embed`[1]
 
-    Keys and values come from the content stream over [memory; segment] for both streams; the content stream
-    queries with h, the query stream with g. Parameters keep the original [d_model, n_head, d_head] layout.
+    (a) + (c) is the dot product of `q + u` with the keys; everything else, scaled and with the masked pairs set to
+    the dtype's lowest value, is the `position_bias` of transformers' attention interface, so "eager", "sdpa" and
+    "flex_attention" (`config._attn_implementation`) compute the same attention. Keys and values come from the
+    content stream over [memory; segment] for both streams; the content stream queries with h, the query stream
+    with g. Parameters keep the original [d_model, n_head, d_head] layout.
     """
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
+        self.config = config  # read at every call, so that `set_attn_implementation` takes effect
         self.n_head, self.d_head, self.d_model = config.n_head, config.d_head, config.d_model
         self.bi_data = config.bi_data
+        self.scale = config.d_head**-0.5
         self.attention_dropout = config.dropout
         shape = (config.d_model, config.n_head, config.d_head)
         self.q = nn.Parameter(torch.empty(shape))
@@ -210,51 +156,58 @@ class XLNetRelativeAttention(nn.Module):
             setattr(self, name, layer)
 
     def project_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [B, H, k, D] of [memory; segment]. (Two GEMMs: fusing them would copy both weights on
-        every call, which costs more than it saves when a decoding step projects a few tokens.)"""
+        """Keys and values [B, H, k, D] of [memory; segment]."""
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the whole batch and pre-scaled by 1/sqrt(d_head) (see
-        `_attend`): [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward, backward) -> [2, 1, H, R, D],
-        broadcasting over the two halves of the batch."""
-        keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r) * self.d_head**-0.5
-        keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3).contiguous()  # rows per head
+        """W_r R for every relative distance, once for the whole batch: [R, d] -> [H, R, D]; with `bi_data`
+        [2, R, d] (forward, backward) -> [2, 1, H, R, D], broadcasting over the two halves of the batch."""
+        keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r)
+        keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None):
-        query_length, head_dim = query.shape[2:]
-        # The position and segment terms are computed pre-scaled by 1/sqrt(d) (scaled position keys and segment
-        # embeddings), so that without a mask the shifted view goes to the fused kernel without a copy.
-        scale = head_dim**-0.5
-        # (b) + (d). Query row i sits at distance (k - q + i) - j from key j; the encodings list the distances
-        # k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query
-        # just after the keys (distance k - j) reads the same encodings with offset 0.
-        positions = RelativePositions(position_keys, self.r_r_bias, query_length if offset is None else offset)
-        segment_scores = None
+        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or
+        None). Query row i sits at distance (k - q + i) - j from key j; the position keys list the distances
+        k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query just
+        after the keys (distance k - j) reads the same keys with offset 0."""
+        dtype = query.dtype
+        offset = query.shape[2] if offset is None else offset
+        # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
+        position_query = (query + self.r_r_bias[:, None].to(dtype)) * self.scale
+        if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
+            scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
+        else:
+            scores = torch.matmul(position_query, position_keys.transpose(-1, -2))
+        position_bias = relative_shift(scores, key.shape[2], offset)
         if segment_mismatch is not None:
-            # (q_i + b)^T s_ij with s_ij = s_+ (seg_embed[0]) inside a segment, s_- (seg_embed[1]) across segments.
-            segment_embeddings = (self.seg_embed.permute(1, 2, 0) * scale).to(query.dtype)
-            segment_scores = torch.matmul(query + self.r_s_bias[:, None, :].to(query.dtype), segment_embeddings)
-            segment_scores = torch.where(segment_mismatch[:, None], segment_scores[..., 1:], segment_scores[..., :1])
-        return relative_attention(
-            query,
+            # (q_i + b)^T s_ij with s_ij = seg_embed[0] inside a segment, seg_embed[1] across segments.
+            segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
+            segment_scores = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
+            mismatch = segment_mismatch[:, None]
+            position_bias = position_bias + torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1])
+        if mask is not None:  # True where query i may not see key j
+            position_bias = torch.where(mask, torch.finfo(dtype).min, position_bias)
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        return attention_interface(
+            self,
+            query + self.r_w_bias[:, None].to(dtype),  # (q + u): `query @ key` is terms (a) + (c)
             key,
             value,
-            content_bias=self.r_w_bias,
-            positions=positions,
-            score_bias=segment_scores,
-            mask=mask,
+            None,  # the mask is folded into position_bias
             dropout=self.attention_dropout if self.training else 0.0,
-            output_attentions=output_attentions,
+            scaling=self.scale,
+            # (contiguous: transformers' flex_attention compiles for CPU a kernel that misreads a strided bias once
+            # its shapes are dynamic; sdpa makes it contiguous anyway)
+            position_bias=position_bias.to(dtype).contiguous(),
+            is_causal=False,
         )
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """Output projection o, dropout, residual and post layer norm."""
-        attention = attention.transpose(1, 2).flatten(2)
-        output = linear(attention, self.o.flatten(1)) if isinstance(self.o, torch.Tensor) else self.o(attention)
-        output = self.dropout(output)
-        return self.layer_norm(output + residual)
+        """Output projection o ([B, L, H * D] -> [B, L, d]), dropout, residual and post layer norm."""
+        output = F.linear(attention, self.o.flatten(1)) if isinstance(self.o, torch.Tensor) else self.o(attention)
+        return self.layer_norm(self.dropout(output) + residual)
 
     def forward(
         self,
@@ -274,10 +227,10 @@ class XLNetRelativeAttention(nn.Module):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
-        are a fixed projection of the memory) and extended with the new tokens' without copying them.
-        `update_content=False` (with a query stream) skips the content stream's own update, for a last layer whose
-        content output nothing reads. `query_after_content`: the query stream is one row at the position right
-        after the segment (next-token prediction).
+        are a fixed projection of the memory) and extended with the new tokens'. `update_content=False` (with a
+        query stream) skips the content stream's own update, for a last layer whose content output nothing reads.
+        `query_after_content`: the query stream is one row at the position right after the segment (next-token
+        prediction).
         """
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
@@ -285,8 +238,7 @@ class XLNetRelativeAttention(nn.Module):
             memory = None if memory is None else memory.to(content.dtype)
             key, value = key_values_over(memory, *self.project_keys_values(content), self.project_keys_values)
 
-        # Both streams share the projections: the rows of h and g go through q and o together, so a decoding step
-        # reads each weight once.
+        # Both streams share the projections: the rows of h and g go through q and o together.
         update_content = update_content or query_stream is None
         streams = [stream for stream in (content if update_content else None, query_stream) if stream is not None]
         rows = torch.cat(streams, dim=1) if len(streams) > 1 else streams[0]
@@ -305,7 +257,7 @@ class XLNetRelativeAttention(nn.Module):
                 content_probs, query_probs = probs[:, :, :length] if update_content else None, probs[:, :, length:]
         else:
             if update_content:
-                # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]). Queries for new tokens.
+                # Content stream: h_{z_t} <- Attention(Q = h_{z_t}, KV = [memory, h_{z<=t}]).
                 attention, content_probs = self._attend(
                     queries[:, :, :length], key, value, position_keys, content_mask, segment_mismatch,
                     output_attentions,
@@ -322,11 +274,12 @@ class XLNetRelativeAttention(nn.Module):
                     query, key, value, position_keys, query_mask, segment_mismatch, output_attentions,
                     offset=0 if query_after_content else None,
                 )
-                if target_mapping is not None:
-                    attention = torch.matmul(target_mapping[:, None].to(attention.dtype), attention)
+                if target_mapping is not None:  # [B, M, L] x [B, L, H, D]
+                    attention = torch.einsum("bml,blhd->bmhd", target_mapping.to(attention.dtype), attention)
                 attentions.append(attention)
 
-        outputs = self._post_attention(rows, torch.cat(attentions, dim=2) if len(attentions) > 1 else attentions[0])
+        attentions = [attention.flatten(2) for attention in attentions]  # [B, rows, H * D]
+        outputs = self._post_attention(rows, torch.cat(attentions, dim=1) if len(attentions) > 1 else attentions[0])
         content_out = outputs[:, :length] if update_content else None
         query_out = outputs[:, length:] if query_stream is not None else None
         if not output_attentions:
@@ -337,14 +290,12 @@ class XLNetRelativeAttention(nn.Module):
 
 
 def _project(x: torch.Tensor, projection) -> torch.Tensor:
-    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W, computed by
-    `decoding_linear.linear`, which gives a bf16 decoding step its packed product), or the layer `use_linear_layers`
-    put in its place."""
-    return linear(x, projection.flatten(1).t()) if isinstance(projection, torch.Tensor) else projection(x)
+    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W), or the layer
+    `use_linear_layers` put in its place."""
+    return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
 
 
-_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-             onednn_linear_op.default}  # fmt: skip
+_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
 
 def _save_products(*_):
@@ -355,7 +306,6 @@ def _save_products(*_):
             CheckpointPolicy.MUST_SAVE if op in _PRODUCTS else CheckpointPolicy.PREFER_RECOMPUTE
         )
     )
-
 
 
 class XLNetFeedForward(nn.Module):
@@ -371,7 +321,7 @@ class XLNetFeedForward(nn.Module):
         self.activation_function = ACT2FN[activation] if isinstance(activation, str) else activation
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        inner = linear_layer(self.layer_1, hidden)
+        inner = self.layer_1(hidden)
         if torch.is_grad_enabled() and inner.requires_grad and not torch.compiler.is_compiling():
             output = checkpoint(self._activation_and_output, inner, use_reentrant=False, context_fn=_save_products)
         else:
@@ -382,7 +332,7 @@ class XLNetFeedForward(nn.Module):
         """layer_2(dropout(activation(inner))). With gradients, the activation is recomputed in the backward pass
         from `inner` (saved as this function's input) instead of being stored too: a [B, L, d_inner] tensor less
         per layer for an elementwise pass (the products are stored, as usual)."""
-        return linear_layer(self.layer_2, self.dropout(self.activation_function(inner)))
+        return self.layer_2(self.dropout(self.activation_function(inner)))
 
 
 class XLNetLayer(GradientCheckpointingLayer):
@@ -436,9 +386,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         return outputs[:, :length], outputs[:, length:], probs, key_values
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Head building blocks (names as in transformers, so head weights load too)
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Head building blocks (names as in transformers, so head weights load too) -----
 
 
 def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.Tensor:
@@ -543,9 +491,7 @@ class XLNetSequenceSummary(nn.Module):
         return self.last_dropout(output)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Models
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Models -----
 
 
 class XLNetPreTrainedModel(PreTrainedModel):
@@ -554,6 +500,11 @@ class XLNetPreTrainedModel(PreTrainedModel):
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["XLNetLayer"]
+    # Attention through transformers' interface (see XLNetRelativeAttention); `attn_implementation=None` is "sdpa".
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -575,12 +526,16 @@ class XLNetPreTrainedModel(PreTrainedModel):
 def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
     """The loss averaged over this batch's targets (class ids of -100 do not count), or summed and divided by
     `num_items_in_batch` when Trainer passes it (gradient accumulation: the total over all micro-batches, so that
-    accumulated gradients equal a full batch's). No target at all gives 0 and zero gradients, not NaN."""
+    accumulated gradients equal a full batch's). No target at all gives 0 and zero gradients, not NaN (0 / 0 would
+    put NaN into every gradient). The count stays a tensor: no host sync."""
     if num_items_in_batch is None:
         if targets.is_floating_point():  # regression, multi-label: every value is a target
             return loss_fn(inputs, targets, reduction="mean")
         num_items_in_batch = (targets != IGNORE_INDEX).sum()
-    return loss_per_target(loss_fn(inputs, targets, reduction="sum"), num_items_in_batch)
+    total = loss_fn(inputs, targets, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        return total / num_items_in_batch.to(total.device).clamp(min=1)
+    return total / max(num_items_in_batch, 1)
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
@@ -621,7 +576,7 @@ class XLNetModel(XLNetPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.word_embedding = new_embeddings
 
-    # ----- inputs -----------------------------------------------------------------------------------------------
+    # ----- inputs -----
 
     def _check_inputs(self, input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping,
                       token_type_ids):
@@ -661,7 +616,7 @@ class XLNetModel(XLNetPreTrainedModel):
             )
         return batch, length
 
-    # ----- memory: the one place that reads and writes `mems` -------------------------------------------------
+    # ----- memory: the one place that reads and writes `mems` -----
 
     def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
         """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table."""
@@ -677,12 +632,9 @@ class XLNetModel(XLNetPreTrainedModel):
             lambda n: attention.project_positions(
                 self._relative_position_embeddings(lowest + n - 1, lowest, attention.r_r_bias.device)
             ),
-            # (the table kept with the weight r across memories; a layer in its place keeps none)
-            lambda: (attention.r, (self.config.clamp_len, self.config.bi_data))
-            if isinstance(attention.r, torch.Tensor) else None,
         )
 
-    # ----- encodings and masks ----------------------------------------------------------------------------------
+    # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
         """Sinusoid encodings R of the relative distances highest, highest-1, ..., lowest: k ... -q+1 for "bi",
@@ -732,7 +684,7 @@ class XLNetModel(XLNetPreTrainedModel):
         content_mask = query_mask & ~itself
         return query_mask[:, None], content_mask[:, None]
 
-    # ----- forward ----------------------------------------------------------------------------------------------
+    # ----- forward -----
 
     @can_return_tuple
     def forward(
@@ -907,7 +859,6 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         self.lm_loss = new_embeddings
 
     @can_return_tuple
-    @on_decoding_threads
     def forward(
         self,
         input_ids=None,
@@ -958,20 +909,11 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = linear_layer(self.lm_loss, hidden)
+        logits = self.lm_loss(hidden)
         loss = None
-        if labels is not None:
-
-            def language_model_loss(flat_hidden, target, reduction):
-                if not is_plain_linear(self.lm_loss):  # (a quantized or replaced layer: the loss of its logits)
-                    return reduced_cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction)
-                # (the loss and its gradients in chunks of rows, from the logits already made: see cross_entropy.py)
-                words = SoftmaxPart(self.lm_loss.weight, self.lm_loss.bias, 0, logits.shape[-1])
-                softmax = Softmax(flat_hidden, target, (words,), logits=logits.reshape(-1, logits.shape[-1]))
-                return reduce_nll(linear_cross_entropy([softmax], target.shape[0]), target != IGNORE_INDEX, reduction)
-
+        if labels is not None:  # (in fp32, as transformers' causal-LM losses)
             loss = _loss_sum_or_mean(
-                language_model_loss, hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1), num_items_in_batch
+                F.cross_entropy, logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), num_items_in_batch
             )
         return XLNetLMHeadModelOutput(
             loss=loss,
@@ -982,7 +924,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             cache=outputs.cache,
         )
 
-    # ----- generation -------------------------------------------------------------------------------------------
+    # ----- generation -----
 
     # Tokens of the previous step recomputed at every step with memory (transformers' choice: slightly better than 1).
     generation_offset = 2
@@ -993,9 +935,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
                 "XLNetLMHeadModel.generate: assisted decoding and prompt lookup (`assistant_model`, "
                 "`prompt_lookup_num_tokens`) are not supported. They check k draft tokens with one forward pass "
                 "that must give the distributions of k one-token steps. In XLNet's generation scheme each step "
-                "recomputes the last two tokens, which attend to each other, so a token's states change from one step "
-                "to the next and one pass over the drafts (one state per token) cannot reproduce them. Use greedy "
-                "search, sampling or beam search."
+                "recomputes the last two tokens, which attend to each other, so one pass over the drafts cannot "
+                "reproduce them. Use greedy search, sampling or beam search."
             )
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
@@ -1127,7 +1068,7 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
             return _loss_sum_or_mean(F.mse_loss, logits, labels.to(logits.dtype), num_items_in_batch)
         if self.config.problem_type == "single_label_classification":
             return _loss_sum_or_mean(
-                reduced_cross_entropy, logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch
+                F.cross_entropy, logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch
             )
         return _loss_sum_or_mean(
             F.binary_cross_entropy_with_logits, logits, labels.to(logits.dtype), num_items_in_batch
@@ -1187,7 +1128,7 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
         loss = None
         if labels is not None:
             loss = _loss_sum_or_mean(
-                reduced_cross_entropy, logits.reshape(-1, self.num_labels), labels.reshape(-1), num_items_in_batch
+                F.cross_entropy, logits.reshape(-1, self.num_labels), labels.reshape(-1), num_items_in_batch
             )
         return XLNetForTokenClassificationOutput(
             loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
@@ -1262,7 +1203,7 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state)).view(-1, num_choices)
         loss = None
         if labels is not None:
-            loss = _loss_sum_or_mean(reduced_cross_entropy, logits, labels.view(-1), num_items_in_batch)
+            loss = _loss_sum_or_mean(F.cross_entropy, logits, labels.view(-1), num_items_in_batch)
         return XLNetForMultipleChoiceOutput(
             loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -1333,7 +1274,7 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
             def span_loss(logits, positions):
                 positions = positions.reshape(-1)
                 targets = positions.where(positions < logits.shape[1], IGNORE_INDEX)
-                return _loss_sum_or_mean(reduced_cross_entropy, logits, targets, None)
+                return _loss_sum_or_mean(F.cross_entropy, logits, targets, None)
 
             loss = (span_loss(start_logits, start_positions) + span_loss(end_logits, end_positions)) / 2
         return XLNetForQuestionAnsweringSimpleOutput(
@@ -1445,9 +1386,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Auto classes
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Auto classes -----
 
 # Which of our classes each Auto class gives for model type "xlnet" (transformers' own XLNet mapping, same names).
 AUTO_CLASSES = {
