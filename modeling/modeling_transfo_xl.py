@@ -191,10 +191,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     def _clusters(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """(weight, bias) of every cluster, head first; None when the output layers are not plain `nn.Linear`
-        layers (quantized or replaced: they are called, not read). With div_val 1 the one output layer is split
+        layers with float weights (quantized or replaced: they are called, not read). With div_val 1 the one output layer is split
         (not sliced per cluster: the gradient of a split is one concatenation, that of each slice a zero-filled
         full-vocabulary tensor)."""
-        if any(type(layer) is not nn.Linear for layer in self.out_layers):
+        if any(type(layer) is not nn.Linear or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
             return None
         if self.div_val == 1:
             sizes = [end - start for start, end in self.bounds]

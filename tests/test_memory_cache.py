@@ -113,7 +113,6 @@ def test_a_memory_made_under_inference_mode_continues_under_no_grad():
 
 def test_a_memory_made_under_inference_mode_trains_like_one_made_under_no_grad():
     # Inference tensors cannot be saved for backward: the memory must be copied where it enters a training forward.
-    # Short segments (a few rows) take decoding_linear's path, which saves its input for the weight's gradient.
     ids = torch.randint(1, 50, (1, 3), generator=torch.Generator().manual_seed(0))
     for model, mem_kwargs in ((tiny_transfo_xl(), {}), (tiny_xlnet(mem_len=8), {"use_mems": True})):
         memories = {}
