@@ -352,7 +352,11 @@ class TransfoXLAttention(nn.Module):
         """Keys and values [B, H, L, D] of layer inputs `context` (normalised first under pre-LN)."""
         if self.pre_lnorm:
             context = self.layer_norm(context)
-        key, value = self.qkv_net(context).chunk(3, dim=-1)[1:]
+        if type(self.qkv_net) is nn.Linear and type(self.qkv_net.weight) is nn.Parameter:
+            # (only the key and value rows of the weight: the memory's queries are never used)
+            key, value = F.linear(context, self.qkv_net.weight[self.n_head * self.d_head :]).chunk(2, dim=-1)
+        else:  # (a quantized or replaced layer is called whole)
+            key, value = self.qkv_net(context).chunk(3, dim=-1)[1:]
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
@@ -412,8 +416,9 @@ class TransfoXLAttention(nn.Module):
             r_r_bias = self.r_r_bias
         # Every score term but (a)+(c), with the mask folded in: the lowest value where a key may not be attended
         position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
-        zero = torch.zeros((), dtype=query.dtype, device=query.device)
-        position_bias = torch.where(mask, torch.finfo(query.dtype).min, zero if position_scores is None else position_scores)
+        if position_scores is None:
+            position_scores = torch.zeros((), dtype=query.dtype, device=query.device)
+        position_bias = torch.where(mask, torch.finfo(query.dtype).min, position_scores)
         content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
 
         implementation = "eager" if output_attentions else self.config._attn_implementation
