@@ -15,8 +15,6 @@ functions take as it is, so one call serves the three implementations (see `eage
 All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
 """
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
@@ -114,50 +112,3 @@ def causal_memory_mask(
         mask = mask | torch.tril(ones, diagonal=-span)
     return mask
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Transitional: the entry point modeling_xlnet.py called before its rewrite onto the attention interface. Remove
-# once that rewrite is merged (it no longer imports these two names).
-
-
-class RelativePositions(NamedTuple):
-    """Terms (b)+(d) for `relative_attention`: position keys [H, R, d] (or [G, 1, H, R, d] for G groups of rows),
-    pre-scaled by 1/sqrt(d); the position bias v [H, d] or None; the shift offset."""
-
-    keys: torch.Tensor
-    bias: torch.Tensor | None
-    offset: int
-    masked_far: int | None = None
-
-
-def relative_attention(query, key, value, content_bias=None, positions=None, score_bias=None, mask=None,
-                       causal=False, dropout=0.0, output_attentions=False):  # fmt: skip
-    """softmax((q + u) k^T / sqrt(d) + shift((q + v) W_kR R) + score_bias), masked, times v: ([B, H, q, d], the
-    probabilities or None), through `eager_attention_forward` (with `output_attentions`) or torch's sdpa."""
-    length, key_length = query.shape[2], key.shape[2]
-    bias = torch.zeros((), dtype=query.dtype, device=query.device)
-    if positions is not None:
-        position_query = query if positions.bias is None else query + positions.bias[:, None, :].to(query.dtype)
-        keys = positions.keys.to(query.dtype)
-        if keys.dim() == 5:
-            grouped = position_query.unflatten(0, (keys.shape[0], -1))
-            scores = torch.einsum("gbhqd,gxhrd->gbhqr", grouped, keys).flatten(0, 1)
-        else:
-            scores = torch.einsum("bhqd,hrd->bhqr", position_query, keys)
-        bias = relative_shift(scores, key_length, positions.offset)
-    if score_bias is not None:
-        bias = bias + score_bias.to(query.dtype)
-    if causal:
-        future = causal_memory_mask(length, key_length - length, device=query.device)
-        mask = future if mask is None else mask | future
-    if mask is not None:
-        bias = torch.where(mask, torch.finfo(query.dtype).min, bias)
-    content_query = query if content_bias is None else query + content_bias[:, None, :].to(query.dtype)
-    bias = bias.expand(*query.shape[:3], key_length)
-    if output_attentions:
-        scores = torch.matmul(content_query, key.transpose(2, 3)) * query.shape[-1] ** -0.5 + bias
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        return torch.matmul(F.dropout(probs, p=dropout, training=dropout > 0), value), probs
-    output = F.scaled_dot_product_attention(content_query, key, value, attn_mask=bias, dropout_p=dropout,
-                                            scale=query.shape[-1] ** -0.5)  # fmt: skip
-    return output, None
