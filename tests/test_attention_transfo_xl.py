@@ -86,3 +86,16 @@ def test_output_attentions_uses_eager_and_returns_probabilities(monkeypatch):
     assert len(calls) == model.config.n_layer
     assert all(probs.shape == (2, 4, 5, 5) for probs in out.attentions)
     torch.testing.assert_close(out.attentions[0].sum(-1), torch.ones(2, 4, 5))
+
+
+def test_flex_attention_under_torch_compile_equals_eager():
+    """flex_attention inside a compiled graph (fullgraph; Dynamo and AOT autograd's graph, inference on CPU) gives the
+    eager reference's log-probabilities. (A first segment: with `mems` given, Dynamo's fake-tensor pass fails in the
+    memory's in-place growth under flex_attention only, an open problem.)"""
+    from test_compile import compile_fullgraph
+
+    ids = random_ids(2, 5)
+    reference, flex = model_with("eager"), model_with("flex_attention")
+    compiled = compile_fullgraph(flex)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
