@@ -67,6 +67,9 @@ class GrowingTensor:
     def extended(self, new: torch.Tensor) -> torch.Tensor:
         """[tensor; new] along the axis, written into the room after `tensor` (whose own length is unchanged)."""
         count, end = new.shape[self.axis], self.start + self.length
+        if torch.compiler.is_compiling():  # (a graph makes fresh tensors: plainly joined, no room kept)
+            self.buffer, self.start, self.writable = torch.cat([self.tensor, new], self.axis), 0, False
+            return self.buffer
         fits = (
             self.writable
             # a buffer made under torch.inference_mode can only be written there

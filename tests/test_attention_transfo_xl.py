@@ -90,12 +90,13 @@ def test_output_attentions_uses_eager_and_returns_probabilities(monkeypatch):
 
 def test_flex_attention_under_torch_compile_equals_eager():
     """flex_attention inside a compiled graph (fullgraph; Dynamo and AOT autograd's graph, inference on CPU) gives the
-    eager reference's log-probabilities. (A first segment: with `mems` given, Dynamo's fake-tensor pass fails in the
-    memory's in-place growth under flex_attention only, an open problem.)"""
+    eager reference's log-probabilities, with the memory."""
     from test_compile import compile_fullgraph
 
     ids = random_ids(2, 5)
     reference, flex = model_with("eager"), model_with("flex_attention")
     compiled = compile_fullgraph(flex)
     with torch.no_grad():
-        torch.testing.assert_close(compiled(ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
+        mems = reference(ids).mems
+        expected = reference(ids, mems=mems).logits
+        torch.testing.assert_close(compiled(ids, mems=mems).logits, expected, atol=1e-4, rtol=0)
