@@ -4,7 +4,8 @@ Unlike a key/value cache, the memory stores each layer's *input hidden states* f
 (Transformer-XL / XLNet segment-level recurrence). Because the keys and values of those positions are a fixed
 projection of the hidden states, they may be kept beside them and reused while the weights do not change (no
 gradient, eval mode): a decoding step then projects only the new token. The cache also keeps each layer's projected
-relative-position keys for the longest span seen, so a step re-projects nothing.
+relative-position keys for the longest span seen, so a step re-projects nothing. Nothing else is kept: no copies of
+weights, nothing shared between caches.
 
 Tensors are batch-first: hidden [batch, mem, d_model], keys / values [batch, heads, mem, d_head]. The legacy
 time-major `mems` tuple is available as `cache.mems`.
@@ -16,8 +17,6 @@ later forgets (`crop`) may be overwritten by the next steps. Clone them to keep 
 
 import torch
 from transformers.cache_utils import Cache
-
-from .decoding_linear import compare_copies_again, is_tracing, kept_result
 
 
 def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, dtype: torch.dtype, device):
@@ -68,6 +67,9 @@ class GrowingTensor:
     def extended(self, new: torch.Tensor) -> torch.Tensor:
         """[tensor; new] along the axis, written into the room after `tensor` (whose own length is unchanged)."""
         count, end = new.shape[self.axis], self.start + self.length
+        if torch.compiler.is_compiling():  # (a graph makes fresh tensors: plainly joined, no room kept)
+            self.buffer, self.start, self.writable = torch.cat([self.tensor, new], self.axis), 0, False
+            return self.buffer
         fits = (
             self.writable
             # a buffer made under torch.inference_mode can only be written there
@@ -220,9 +222,7 @@ class MemoryCache(Cache):
     ):
         """The memory a forward pass attends to and updates: `cache` itself, the legacy `mems` wrapped, or a new
         empty cache. Whatever is given must fit the model, the batch and the hidden states' dtype and device (a
-        clear ValueError / TypeError otherwise, see `check_mems`). A forward that starts a memory (a prompt, a first
-        segment) has the weight copies kept for decoding compared with their parameters again at their next use
-        (`decoding_linear.compare_copies_again`)."""
+        clear ValueError / TypeError otherwise, see `check_mems`)."""
         if cache is not None and mems is not None:
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
@@ -232,12 +232,8 @@ class MemoryCache(Cache):
             cache = cls(num_layers, mem_len)
         elif cache.memory(0) is not None:
             check_mems(cache.mems, num_layers, batch_size, width, model, dtype, device)
-        if torch.compiler.is_compiling():  # (dynamo cannot trace is_inference())
-            return cache
-        if cache.memory(0) is None:  # a new sequence: weights may have changed since the last one
-            compare_copies_again()
-        elif torch.is_grad_enabled():
-            cache._copy_inference_tensors()
+        if cache.memory(0) is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            cache._copy_inference_tensors()  # (dynamo cannot trace is_inference())
         return cache
 
     def _copy_inference_tensors(self):
@@ -286,36 +282,17 @@ class MemoryCache(Cache):
             self.last_stored = new_hidden.shape[1]
 
     def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project, kept_with=None):
-        """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from a stored table.
+        """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from the layer's table.
 
-        `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed
-        at least twice as long, so a memory that grows by one token per step costs amortised O(1) projections.
-        `kept_with()`, called on a miss only, may name the projection's weight and whatever else `project` reads
-        (`(weight, settings)`: the model's clamp_len, ...; autocast's dtype is added here), or None: the layer's
-        latest table is then also kept with that weight across memories (`kept_result`, made again once the weight
-        changes, which is checked at every such miss), so that the forward passes of a stream read through legacy
-        `mems`, each with a memory of its own, project their positions once (ONNX Runtime folds that projection
-        into a constant of the exported graph).
-        """
+        `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed at
+        least twice as long, so a memory that grows by one token per step costs amortised O(1) projections. The
+        table lives in this cache only. (`kept_with` is accepted and ignored: callers written for the earlier
+        signature still work.)"""
         layer = self.layers[layer_idx]
         stored = layer.position_keys
         if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
-            longer = span if stored is None or layer.lowest_distance != lowest_distance else 2 * stored.shape[-2]
-            count = max(span, longer)
-            owner = None if kept_with is None or is_tracing() else kept_with()
-            if owner is None:
-                stored = project(count)
-            else:
-                weight, settings = owner
-                device = weight.device.type
-                autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-                kept = kept_result(weight, "position keys", dict, compare=True)  # (a weight written through .data)
-                key = (lowest_distance, autocast, *settings)
-                stored = kept.get(key)
-                if stored is None or stored.shape[-2] < count:  # (one table per weight: the latest)
-                    stored = project(count)
-                    kept.clear()
-                    kept[key] = stored
+            longer = 0 if stored is None or layer.lowest_distance != lowest_distance else 2 * stored.shape[-2]
+            stored = project(max(span, longer))
             layer.position_keys, layer.lowest_distance = stored, lowest_distance
         return stored[..., stored.shape[-2] - span :, :]
 

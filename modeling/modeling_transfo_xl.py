@@ -11,32 +11,26 @@ inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. 
 
 import copy
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel, StopStringCriteria
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
-from .adaptive_softmax import AdaptiveEmbedding, LogUniformSampler, ProjectedAdaptiveLogSoftmax, sampled_softmax_nll
 from .configuration_transfo_xl import TransfoXLConfig
-from .cross_entropy import IGNORE_INDEX, loss_per_target, reduced_cross_entropy
-from .decoding_linear import is_plain_linear, linear_layer
-from .decoding_threads import on_decoding_threads
-from .input_checks import check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
+from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
-    RelativePositions,
     causal_memory_mask,
-    relative_attention,
+    eager_attention_forward,
     relative_shift,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
-from .stop_strings import WordLevelStopStringCriteria
 
 
 @dataclass
@@ -88,6 +82,224 @@ class TransfoXLSequenceClassifierOutputWithPast(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Adaptive input embedding and projected adaptive softmax (Baevski & Auli 2019; Grave et al. 2017)
+#
+# The vocabulary is split by `cutoffs` into a head cluster (frequent ids) and tail clusters. Cluster i embeds its ids
+# in `d_embed // div_val**i` dimensions and projects them to the model width; the output distribution factorises as
+# p(w) = p(cluster | h) p(w | cluster, h): the head softmax scores the head ids plus one logit per tail cluster.
+# Parameter names (`emb_layers`, `emb_projs`, `out_layers`, `out_projs`, `cluster_weight`, `cluster_bias`) are those
+# of the legacy checkpoints. Projections are stored [d_proj, d_emb] and applied as `x @ proj` (output side) or
+# `F.linear(x, proj)` (input side).
+
+
+def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
+    """[(start, end)] id range of each cluster: head first, then the tails."""
+    ends = [0] + list(cutoffs) + [vocab_size]
+    return list(zip(ends[:-1], ends[1:]))
+
+
+def resized_bounds(bounds: list[tuple[int, int]], vocab_size: int) -> list[tuple[int, int]]:
+    """`bounds` with the last cluster ending at `vocab_size` (the cutoffs, hence the other clusters, unchanged)."""
+    return bounds[:-1] + [(bounds[-1][0], vocab_size)]
+
+
+def cluster_dims(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
+    """Embedding width of each cluster: d_embed / div_val^i (all d_embed when div_val == 1)."""
+    return [d_embed // (div_val**i) for i in range(num_clusters)]
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Token ids -> [.., d_proj] embeddings scaled by sqrt(d_proj), one table and projection per cluster."""
+
+    def __init__(self, vocab_size, d_embed, d_proj, cutoffs, div_val=1, sparse=False):
+        super().__init__()
+        self.vocab_size, self.d_proj, self.div_val = vocab_size, d_proj, div_val
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        self.emb_scale = d_proj**0.5
+        self.emb_layers = nn.ModuleList()
+        self.emb_projs = nn.ParameterList()
+        if div_val == 1:
+            # One table for the whole vocabulary; a projection only when widths differ.
+            self.emb_layers.append(nn.Embedding(vocab_size, d_embed, sparse=sparse))
+            if d_proj != d_embed:
+                self.emb_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)))
+        else:
+            for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
+                self.emb_layers.append(nn.Embedding(end - start, dim))
+                self.emb_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    def resize(self, vocab_size: int, resize_table):
+        """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table (the whole
+        vocabulary's with div_val 1) with `rows` rows, its old rows first."""
+        first_id = self.bounds[-1][0] if self.div_val > 1 else 0
+        self.emb_layers[-1] = resize_table(self.emb_layers[-1], vocab_size - first_id)
+        self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.div_val == 1:
+            embeddings = self.emb_layers[0](input_ids)
+            if len(self.emb_projs):
+                embeddings = F.linear(embeddings, self.emb_projs[0])
+            return embeddings * self.emb_scale
+        # Every cluster embeds every id (clamped into its range) and keeps its own ids' rows: no data-dependent row
+        # selection, hence no host sync; the tables and projections are small beside the model.
+        embeddings = None
+        for (start, end), table, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
+            cluster = F.linear(table((input_ids - start).clamp(0, end - start - 1)), proj)
+            inside = ((input_ids >= start) & (input_ids < end))[..., None]
+            embeddings = cluster if embeddings is None else torch.where(inside, cluster, embeddings)
+        return embeddings * self.emb_scale
+
+
+class ProjectedAdaptiveLogSoftmax(nn.Module):
+    """Hidden states -> log-probabilities over the vocabulary (or the NLL of given targets).
+
+    The head cluster's softmax covers `cutoffs[0]` ids plus one logit per tail cluster; the log-probability of an
+    id in tail cluster i is log p(cluster i) (head column `cutoffs[0] + i - 1`) + log p(id | cluster i). The legacy
+    `log_prob()` read column `-i` (reversed order) and mis-sliced; this module has one code path for both.
+    """
+
+    def __init__(self, vocab_size, d_embed, d_proj, cutoffs, div_val=1):
+        super().__init__()
+        self.vocab_size, self.div_val = vocab_size, div_val
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        self.head_size = self.bounds[0][1] + len(cutoffs)
+        if cutoffs:
+            self.cluster_weight = nn.Parameter(torch.empty(len(cutoffs), d_embed))
+            self.cluster_bias = nn.Parameter(torch.empty(len(cutoffs)))
+        self.out_layers = nn.ModuleList()
+        self.out_projs = nn.ParameterList()
+        if div_val == 1:
+            # One output layer sliced per cluster; each cluster may still have its own projection.
+            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            for _ in self.bounds:
+                self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)) if d_proj != d_embed else None)
+        else:
+            for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
+                self.out_layers.append(nn.Linear(dim, end - start))
+                self.out_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    def resize(self, vocab_size: int, resize_layer):
+        """Make the last cluster end at `vocab_size`: `resize_layer(layer, rows)` gives the last output layer (the
+        whole vocabulary's with div_val 1) with `rows` output rows, its old rows first. The head softmax, which
+        scores the head ids and one logit per tail cluster, is unchanged (unless the head is the only cluster)."""
+        first_id = self.bounds[-1][0] if self.div_val > 1 else 0
+        self.out_layers[-1] = resize_layer(self.out_layers[-1], vocab_size - first_id)
+        self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
+        self.head_size = self.bounds[0][1] + len(self.bounds) - 1
+
+    def _clusters(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """(weight, bias) of every cluster, head first; None when the output layers are not plain `nn.Linear`
+        layers with float weights (quantized or replaced: they are called, not read). With div_val 1 the one output layer is split
+        (not sliced per cluster: the gradient of a split is one concatenation, that of each slice a zero-filled
+        full-vocabulary tensor)."""
+        if any(type(layer) is not nn.Linear or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
+            return None
+        if self.div_val == 1:
+            sizes = [end - start for start, end in self.bounds]
+            return list(zip(self.out_layers[0].weight.split(sizes), self.out_layers[0].bias.split(sizes)))
+        return [(layer.weight, layer.bias) for layer in self.out_layers]
+
+    def _logits(self, hidden: torch.Tensor, clusters, cluster: int) -> torch.Tensor:
+        """Cluster `cluster`'s logits [N, size] (the head's: its words, then one logit per tail cluster), in fp32 or
+        wider. `clusters` is `_clusters()`."""
+        proj = self.out_projs[cluster]
+        projected = hidden if proj is None else hidden @ proj
+        if clusters is not None:
+            logits = F.linear(projected, *clusters[cluster])
+        else:  # (a called layer gives all its rows: with div_val 1 the whole vocabulary's, sliced)
+            logits = self.out_layers[0 if self.div_val == 1 else cluster](projected)
+            if self.div_val == 1:
+                logits = logits[:, self.bounds[cluster][0] : self.bounds[cluster][1]]
+        if cluster == 0 and len(self.bounds) > 1:
+            cluster_logits = F.linear(projected, self.cluster_weight, self.cluster_bias)
+            logits = torch.cat([logits, cluster_logits.to(logits.dtype)], dim=-1)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, d_proj] -> [N, vocab_size] log-probabilities (computed in fp32, or fp64).
+
+        log p(w) = log_softmax(head logits) for a head word; log p(cluster | h) + log_softmax(cluster logits) for a
+        tail word."""
+        head_end, clusters = self.bounds[0][1], self._clusters()
+        head = torch.log_softmax(self._logits(hidden, clusters, 0), dim=-1)
+        pieces = [head[:, :head_end]]
+        for cluster in range(1, len(self.bounds)):
+            tail = torch.log_softmax(self._logits(hidden, clusters, cluster), dim=-1)
+            pieces.append(tail + head[:, head_end + cluster - 1, None])
+        return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+
+    def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """[N, d_proj], [N] -> [N] negative log-likelihood of each target (fp32 or wider).
+
+        -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target
+        is the word itself or its cluster's column) plus, for a tail word, one over its cluster, computed only for
+        the rows whose target falls in it (the original's algorithm: never an [N, vocabulary] tensor). Selecting
+        those rows costs one host sync per tail cluster; a compiled graph, which cannot size a tensor by the data,
+        scores every row in every cluster and keeps each row's own."""
+        head_end, clusters = self.bounds[0][1], self._clusters()
+        ends = torch.tensor([end for _, end in self.bounds[:-1]], device=target.device)
+        cluster_of = torch.bucketize(target, ends, right=True)
+        head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
+        nll = F.cross_entropy(self._logits(hidden, clusters, 0), head_target, reduction="none")
+        for cluster in range(1, len(self.bounds)):
+            start, end = self.bounds[cluster]
+            if torch.compiler.is_compiling():
+                tail_target = (target - start).clamp(0, end - start - 1)
+                tail = F.cross_entropy(self._logits(hidden, clusters, cluster), tail_target, reduction="none")
+                nll = nll + tail.where(cluster_of == cluster, 0.0)
+            else:
+                rows = (cluster_of == cluster).nonzero().squeeze(-1)
+                tail = F.cross_entropy(self._logits(hidden[rows], clusters, cluster), target[rows] - start,
+                                       reduction="none")  # fmt: skip
+                nll = nll.index_add(0, rows, tail)
+        return nll
+
+
+class LogUniformSampler:
+    """Draws negative ids from the log-uniform (Zipfian) distribution P(k) = log((k+2)/(k+1)) / log(V+1).
+
+    The original code's sampler for `sample_softmax > 0`: ids are assumed sorted by frequency. `log_q` is the log of
+    the probability that an id appears at least once among 2 * n_sample draws (Jean et al. 2015 correction).
+    """
+
+    def __init__(self, vocab_size: int, n_sample: int):
+        log_indices = torch.arange(1.0, vocab_size + 2.0).log()
+        self.dist = (log_indices[1:] - log_indices[:-1]) / log_indices[-1]
+        self.log_q = (-(-self.dist.double().log1p() * 2 * n_sample).expm1()).log().float()
+        self.n_sample = n_sample
+
+    def sample(self, labels: torch.Tensor):
+        """(log q of the labels, log q of the negatives, the unique negative ids)."""
+        negatives = torch.multinomial(self.dist, 2 * self.n_sample, replacement=True).unique().to(labels.device)
+        log_q = self.log_q.to(labels.device)
+        return log_q[labels], log_q[negatives], negatives
+
+
+def sampled_softmax_nll(embedding, bias, labels, hidden, sampler):
+    """NLL of `labels` [N] under a softmax over the label and shared log-uniform negatives (training only).
+
+    Scores use the tied input embedding (`embedding(ids)`, scaled as in the model input) and a per-id output bias;
+    each score is corrected by -log q (sampled softmax, Jean et al. 2015), negatives equal to the label are removed.
+    """
+    true_log_q, sample_log_q, negatives = sampler.sample(labels)
+    true_w, sample_w = embedding(labels), embedding(negatives)
+    true_logit = (true_w * hidden).sum(-1) + bias[labels] - true_log_q
+    sample_logit = hidden @ sample_w.t() + bias[negatives] - sample_log_q
+    sample_logit = sample_logit.masked_fill(labels[:, None] == negatives, torch.finfo(sample_logit.dtype).min)
+    logits = torch.cat([true_logit[:, None], sample_logit], dim=-1)
+    return -torch.log_softmax(logits.float(), dim=-1)[:, 0]
+
+
+def loss_per_target(total: torch.Tensor, count) -> torch.Tensor:
+    """A summed loss divided by its number of targets `count` (an int or a tensor, e.g. Trainer's
+    `num_items_in_batch`); 0 when there is none (every label -100), where 0 / 0 would put NaN into every gradient."""
+    if torch.is_tensor(count):
+        return total / count.to(total.device).clamp(min=1)
+    return total / max(count, 1)
+
+
 class TransfoXLPositionalEmbedding(nn.Module):
     """Sinusoid encodings of relative distances (Sec. 3.3: R is a sinusoid matrix without learnable parameters)."""
 
@@ -99,26 +311,22 @@ class TransfoXLPositionalEmbedding(nn.Module):
         return sinusoid_encoding(positions, self.inv_freq)
 
 
-class FoldedMask(NamedTuple):
-    """Transformer-XL's causal mask (and `same_length`'s) as the attention folds it into its position scores: keys
-    at negative distances and the `masked_far` farthest distances listed score the lowest value (see
-    `RelativePositions`)."""
-
-    masked_far: int
-
-
 class TransfoXLAttention(nn.Module):
     """Multi-head attention of a segment over [memory; segment], with the position scheme of `attn_type`.
 
     attn_type 0 scores a query against a key with Dai et al. eq. (terms a-d): `(q + u) k + shift((q + v) W_R R)`;
     attn_type 1 (Shaw et al.) uses learned per-distance key embeddings and biases: `(q + u) k + shift(q r_emb + r_bias)`;
     attn_types 2 and 3 add absolute positions to the inputs instead (see TransfoXLLayer) and score plain `q k`.
+    The attention itself is `config._attn_implementation`'s ("eager", "sdpa", "flex_attention"), the position terms
+    and the mask passed as its `position_bias`.
     """
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__()
+        self.config = config  # (read at every call: `set_attn_implementation` takes effect at the next one)
         self.n_head, self.d_head = config.n_head, config.d_head
         self.attn_type, self.pre_lnorm = config.attn_type, config.pre_lnorm
+        self.scale = config.d_head**-0.5
         inner = config.n_head * config.d_head
         self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
         self.o_net = nn.Linear(inner, config.d_model, bias=False)
@@ -144,27 +352,30 @@ class TransfoXLAttention(nn.Module):
         """Keys and values [B, H, L, D] of layer inputs `context` (normalised first under pre-LN)."""
         if self.pre_lnorm:
             context = self.layer_norm(context)
-        key, value = linear_layer(self.qkv_net, context, slice(self.n_head * self.d_head, None)).chunk(2, dim=-1)
+        if type(self.qkv_net) is nn.Linear and type(self.qkv_net.weight) is nn.Parameter:
+            # (only the key and value rows of the weight: the memory's queries are never used)
+            key, value = F.linear(context, self.qkv_net.weight[self.n_head * self.d_head :]).chunk(2, dim=-1)
+        else:  # (a quantized or replaced layer is called whole)
+            key, value = self.qkv_net(context).chunk(3, dim=-1)[1:]
         return self._heads(key), self._heads(value)
 
     def project_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
-        """W_{k,R} R / sqrt(D): [R, d_model] relative encodings -> [H, R, D] position keys, once for the whole
-        batch, pre-scaled so that the shifted scores are the attention bias as they are (copied to rows per head:
-        the scores read them once per query, far faster than through a strided view)."""
-        keys = linear_layer(self.r_net, position_embedding) * self.d_head**-0.5
-        return self._heads(keys[None])[0].contiguous()
+        """W_{k,R} R / sqrt(D): [R, d_model] relative encodings -> [H, R, D] position keys, pre-scaled so that the
+        shifted scores are the attention's score term as they are."""
+        keys = self.r_net(position_embedding) * self.scale
+        return keys.view(-1, self.n_head, self.d_head).transpose(0, 1)
 
-    def _position_terms(self, query, key_length, position_keys, r_r_bias, folded_mask):
-        """Terms (b)+(d) of the scores, scaled by 1/sqrt(D): (RelativePositions, None) for attn_type 0, computed by
-        `relative_attention` per block of queries; (None, [B, H, q, k] scores) for attn_type 1; (None, None) for the
-        absolute types.
+    def _position_scores(self, query, key_length, position_keys, r_r_bias):
+        """Terms (b)+(d) of the scores, scaled by 1/sqrt(D), for every (query, key) pair: [B, H, q, k] for
+        attn_type 0 and 1; None for the absolute types.
 
         Row i of the unshifted scores lists distances k-1 ... 0 and one more, -1, which only future (masked) keys
         read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
         offset = query.shape[2] - 1
         if self.attn_type == 0:
-            masked_far = None if folded_mask is None else folded_mask.masked_far
-            return RelativePositions(position_keys, r_r_bias, offset, masked_far), None
+            position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
+            scores = torch.einsum("bhqd,hrd->bhqr", position_query, position_keys.to(query.dtype))
+            return relative_shift(scores, key_length, offset)
         if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
             if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
@@ -172,9 +383,9 @@ class TransfoXLAttention(nn.Module):
                 r_emb = torch.cat([r_emb[:1].expand(pad, -1, -1), r_emb])
                 r_bias = torch.cat([r_bias[:1].expand(pad, -1), r_bias])
             r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
-            scores = torch.matmul(query, r_emb.permute(1, 2, 0)) + r_bias.t()[:, None, :]
-            return None, relative_shift(F.pad(scores * self.d_head**-0.5, (0, 1)), key_length, offset)
-        return None, None
+            scores = torch.matmul(query, r_emb.permute(1, 2, 0).to(query.dtype)) + r_bias.t()[:, None, :]
+            return relative_shift(F.pad(scores * self.scale, (0, 1)), key_length, offset)
+        return None
 
     def forward(
         self,
@@ -182,21 +393,19 @@ class TransfoXLAttention(nn.Module):
         memory: torch.Tensor | None,
         cached_memory: MemoryLayer | None,
         position_keys: torch.Tensor | None,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor,
         biases: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False,
     ):
-        """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities, (keys, values)).
+        """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)).
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
         depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The
-        returned keys / values cover [memory; segment]. `mask`: boolean, or a FoldedMask (attn_type 0).
-        """
-        query_length = hidden.shape[1]
+        returned keys / values cover [memory; segment]. `mask` [B or 1, 1, q, k]: True where query i may not
+        attend key j. `output_attentions` computes the probabilities, with the "eager" implementation."""
+        batch_size, query_length = hidden.shape[:2]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        # The segment's queries, keys and values in one product (the memory's keys and values, if not cached, in
-        # another: `project_keys_values`)
-        query, key, value = map(self._heads, linear_layer(self.qkv_net, normed).chunk(3, dim=-1))
+        query, key, value = map(self._heads, self.qkv_net(normed).chunk(3, dim=-1))
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(key, value)
         else:
@@ -205,33 +414,31 @@ class TransfoXLAttention(nn.Module):
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
-        folded_mask = mask if isinstance(mask, FoldedMask) else None
-        positions, position_scores = self._position_terms(query, key.shape[2], position_keys, r_r_bias, folded_mask)
-        attention, probs = relative_attention(
-            query,
+        # Every score term but (a)+(c), with the mask folded in: the lowest value where a key may not be attended
+        position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
+        if position_scores is None:
+            position_scores = torch.zeros((), dtype=query.dtype, device=query.device)
+        position_bias = torch.where(mask, torch.finfo(query.dtype).min, position_scores)
+        content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
+
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if implementation == "flex_attention":  # (its score_mod indexes every batch row and head: a broadcast view)
+            position_bias = position_bias.expand(batch_size, self.n_head, query_length, key.shape[2])
+        attention, probs = attention_interface(
+            self,
+            content_query,  # `content_query @ key` is terms (a)+(c)
             key,
             value,
-            content_bias=r_w_bias,
-            positions=positions,
-            score_bias=position_scores,
-            mask=None if folded_mask is not None else mask,
-            causal=True,
+            None,  # the mask is folded into position_bias
             dropout=self.dropatt if self.training else 0.0,
-            output_attentions=output_attentions,
+            scaling=self.scale,
+            position_bias=position_bias,
+            is_causal=False,
         )
-        attention = attention.transpose(1, 2).reshape(hidden.shape[0], query_length, -1)
-        output = self.drop(linear_layer(self.o_net, attention))
+        output = self.drop(self.o_net(attention.reshape(batch_size, query_length, -1)))
         output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)
         return output, probs, (key, value)
-
-
-class ReLUInPlaceWithoutGradients(nn.Module):
-    """ReLU, in place when no gradient is recorded (a fresh [B, L, d_inner] output costs its page faults). With
-    gradients it is out of place: the linear layer's output is a view, and autograd's in-place-on-a-view backward
-    (CopySlices) would copy and refill a gradient of that size."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x) if torch.is_grad_enabled() and x.requires_grad else torch.relu_(x)
 
 
 class TransfoXLFeedForward(nn.Module):
@@ -242,23 +449,17 @@ class TransfoXLFeedForward(nn.Module):
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
             nn.Linear(config.d_model, config.d_inner),
-            ReLUInPlaceWithoutGradients(),
+            nn.ReLU(),
             nn.Dropout(config.dropout),
             nn.Linear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),
         )
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
 
-    def _core(self, hidden: torch.Tensor) -> torch.Tensor:
-        """CoreNet(hidden), its linear layers called through `linear_layer`."""
-        for module in self.CoreNet:
-            hidden = linear_layer(module, hidden) if isinstance(module, nn.Linear) else module(hidden)
-        return hidden
-
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.pre_lnorm:
-            return hidden + self._core(self.layer_norm(hidden))
-        return self.layer_norm(hidden + self._core(hidden))
+            return hidden + self.CoreNet(self.layer_norm(hidden))
+        return self.layer_norm(hidden + self.CoreNet(hidden))
 
 
 class TransfoXLLayer(GradientCheckpointingLayer):
@@ -313,6 +514,9 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["TransfoXLLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -438,18 +642,11 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
         and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
         whole history; its last columns are then the newest memory positions and the segment. Memory positions
-        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended.
-
-        Without padding and with attn_type 0, a FoldedMask instead: the attention folds the same mask into its
-        position scores, which saves a pass over the scores per layer."""
+        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
         if span is None:  # the legacy span: the segment less the keys beyond mem_len (sym_max: no branch to export)
             span = query_length - torch.sym_max(key_length - self.config.mem_len, 0)
-        if self.config.attn_type == 0 and attention_mask is None:
-            # same_length masks keys j <= i - span of query i (at position m + i): the distances m + span and above,
-            # the first q - span of the k + 1 listed (k - 1 ... -1)
-            return FoldedMask(torch.sym_max(0, query_length - span) if self.config.same_length else 0)
         mask = causal_memory_mask(query_length, memory_length, self.config.same_length, span, device=device)
         mask = mask[None, None]
         if attention_mask is not None:
@@ -519,7 +716,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen (no
         # dropout, no gradient: with gradients, W_k and W_v must see the memory again).
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
-        position_embedding = None
+        position_embedding = None  # (projected once per forward for every layer, or read from the cache's table)
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
             lowest = -1 if config.attn_type == 0 else 0
             position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
@@ -582,22 +779,11 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             return attention.project_positions(position_embedding)
         # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
         dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
-
-        def kept_with():  # (the table kept with r_net's weight across memories: see MemoryCache.position_keys)
-            if not is_plain_linear(attention.r_net):
-                return None
-            # inv_freq, a buffer legacy files hold, is named too: loading one moves its version (one made under
-            # inference_mode has none, and cannot be written outside it)
-            frequencies = self.pos_emb.inv_freq
-            version = None if frequencies.is_inference() else frequencies._version
-            return attention.r_net.weight, (self.config.clamp_len, frequencies.data_ptr(), version)
-
         return cache.position_keys(
             layer_idx,
             key_length + 1,
             -1,
             lambda span: attention.project_positions(self._position_embedding(span - 2, -1, dtype, device)),
-            kept_with,
         )
 
 
@@ -636,7 +822,6 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         self.loss_type = "ForCausalLM"
         self.post_init()
 
-    @on_decoding_threads
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -775,20 +960,14 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return criteria
 
     def _losses(self, hidden, target, num_items_in_batch):
-        """Per-token NLL [B, T] of `target` given `hidden` [B, T, d], and their mean over the real targets."""
+        """Per-token NLL [B, T] of `target` given `hidden` [B, T, d], and their mean over the real targets. Ignored
+        positions (-100) are scored as id 0 and zeroed: selecting the real ones would cost a host sync."""
         target = target.to(hidden.device)
-        valid = target != -100
-        flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+        valid = target != IGNORE_INDEX
+        nll = self._nll(hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1).clamp(min=0))
+        losses = nll.view(target.shape).where(valid, 0.0)
         count = num_items_in_batch if num_items_in_batch is not None else valid.sum()
-        if torch.compiler.is_compiling():
-            # A compiled graph cannot size a tensor by the data (the number of real labels): every position is scored
-            # (ignored ones as id 0) and the ignored ones zeroed.
-            losses = self._nll(flat_hidden, flat_target.clamp(min=0)).where(valid.reshape(-1), 0.0)
-            return losses.view(target.shape), loss_per_target(losses.sum(), count)
-        rows = valid.reshape(-1).nonzero().squeeze(-1)
-        nll = self._nll(flat_hidden[rows], flat_target[rows])
-        losses = torch.zeros(flat_target.shape, dtype=nll.dtype, device=nll.device).index_put((rows,), nll)
-        return losses.view(target.shape), loss_per_target(nll.sum(), count)
+        return losses, loss_per_target(losses.sum(), count)
 
     def _nll(self, hidden, target):
         """[N, d], [N] -> [N] NLL of the targets: the sampled softmax in training when configured, else exact."""
@@ -853,7 +1032,8 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         if labels is not None and problem_type(self.config, labels) == "single_label_classification":
             # (transformers' loss_function is a mean over the labels that are not -100: NaN when none is)
             labels = labels.view(-1)
-            loss = loss_per_target(reduced_cross_entropy(logits, labels, "sum"), (labels != IGNORE_INDEX).sum())
+            total = F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+            loss = loss_per_target(total, (labels != IGNORE_INDEX).sum())
         elif labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         if not return_dict:
@@ -865,6 +1045,45 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
             mems=outputs.mems,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stop strings (`generate(..., stop_strings=[...], tokenizer=tokenizer)`) for word-level vocabularies.
+#
+# transformers' `StopStringCriteria` learns the text each vocabulary token adds to a generation by decoding the token
+# after a probe word, "abcdef", that it encodes with the tokenizer itself, then cutting everything up to the probe
+# off the decoded text. A closed word-level vocabulary (Transformer-XL's) has no such word: the probe encodes as
+# `<unk>`, and the criteria fail with "substring not found". Here the probe is a word the tokenizer gives back.
+
+
+def probe_word(tokenizer, default: str = "abcdef") -> str:
+    """`default` if the tokenizer gives it back after encoding and decoding it, else the most frequent (lowest-id)
+    alphabetic word of the vocabulary that it gives back."""
+
+    def round_trips(word):
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        return word in tokenizer.convert_tokens_to_string(tokenizer.convert_ids_to_tokens(ids))
+
+    if round_trips(default):
+        return default
+    vocab = tokenizer.get_vocab()
+    for word in sorted(vocab, key=vocab.get):
+        if word.isalpha() and round_trips(word):
+            return word
+    raise ValueError(
+        f"stop strings: the tokenizer gives back neither {default!r} nor any alphabetic word of its vocabulary "
+        "after encoding and decoding it, so the text of its tokens cannot be learned."
+    )
+
+
+class WordLevelStopStringCriteria(StopStringCriteria):
+    """`StopStringCriteria` whose vocabulary cleaning probes with a word the tokenizer knows (see `probe_word`)."""
+
+    @staticmethod
+    def clean_tokenizer_vocab(tokenizer, static_prefix="abcdef", stop_string_matching_mode=None):
+        return StopStringCriteria.clean_tokenizer_vocab(
+            tokenizer, probe_word(tokenizer, static_prefix), stop_string_matching_mode
         )
 
 

@@ -29,7 +29,7 @@ from transformers_xl import (
     XLNetLMHeadModel,
 )
 from transformers_xl.modeling.memory_cache import MemoryCache
-from transformers_xl.modeling.stop_strings import probe_word
+from transformers_xl.modeling.modeling_transfo_xl import probe_word
 
 ROOT = Path(__file__).parents[1]
 TOKENIZER_FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"

@@ -101,10 +101,10 @@ def test_compiled_training_equals_eager(model_type):
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0, msg=name)
 
 
-def test_compiled_training_with_graph_breaks_does_not_recompile_per_step():
-    """torch.compile's default (graph breaks allowed): Transformer-XL's loss breaks the graph at the tail clusters'
-    row selection, and the frame that resumes there takes new tensors at every step. Its graphs must be reused, not
-    compiled again per step (as they were while the loss told its tensors apart by `id()`, which Dynamo guards)."""
+def test_compiled_training_with_graph_breaks_allowed_does_not_recompile_per_step():
+    """torch.compile's default (graph breaks allowed): Transformer-XL's loss, which selects each tail cluster's rows
+    outside a graph, scores every row inside one instead, so nothing breaks the graph; its graphs are reused, not
+    compiled again per step."""
     model = tiny("transfo-xl").train()
     torch._dynamo.reset()
     counters.clear()
@@ -113,7 +113,7 @@ def test_compiled_training_with_graph_breaks_does_not_recompile_per_step():
         compiled(segment, labels=segment).loss.backward()
         if i == 1:
             settled = graphs()
-    assert counters["graph_break"], "expected a graph break at the tail clusters' rows"
+    assert not counters["graph_break"], dict(counters["graph_break"])
     assert graphs() == settled
 
 

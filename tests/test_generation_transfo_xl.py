@@ -1,5 +1,7 @@
 """generate() with the Transformer-XL memory cache: every decoding strategy, exactness, bounded memory."""
 
+import gc
+
 import pytest
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
@@ -260,3 +262,25 @@ def test_beam_scores_equal_feeding_each_beam_one_by_one(mem_len):
     assert torch.equal(fed, beams)
     scores = sum(log_probs.gather(1, generated[:, step : step + 1])[:, 0] for step, log_probs in enumerate(steps))
     torch.testing.assert_close(out.sequences_scores, scores, atol=1e-4, rtol=0)
+
+
+def live_tensors() -> set[int]:
+    gc.collect()
+    return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor)}
+
+
+def test_a_bf16_model_holds_its_weights_once_while_decoding():
+    """No hidden copies: once generate()'s output is gone, no tensor it made is alive (no fp16 or packed weight
+    copies, no snapshots, no tables kept beside the weights), no module holds a tensor besides its parameters and
+    buffers, and the cache held bf16 tensors only."""
+    model = scrambled_lm(mem_len=8).to(torch.bfloat16)
+    before = live_tensors()
+    out = generate(model, prompt(), max_new_tokens=12, return_dict_in_generate=True)
+    cached = [tensor for layer in out.cache.layers for tensor in (layer.hidden, layer.keys, layer.values)]
+    assert all(tensor.dtype == torch.bfloat16 for tensor in cached)
+    del out, cached
+    assert not live_tensors() - before
+    for name, module in model.named_modules():
+        registered = set(module._parameters) | set(module._buffers)
+        held = [key for key, value in vars(module).items() if torch.is_tensor(value) and key not in registered]
+        assert not held, (name, held)

@@ -49,8 +49,14 @@ def test_save_pretrained_writes_remote_code_for_every_head(class_name, tmp_path)
     modeling = "modeling_transfo_xl" if class_name.startswith("TransfoXL") else "modeling_xlnet"
     assert auto_map[OWN_AUTO_CLASS[class_name]] == f"{modeling}.{class_name}"
     assert auto_map["AutoConfig"].startswith("configuration_")
-    for file_name in (f"{modeling}.py", "relative_attention.py", "memory_cache.py", "decoding_linear.py"):
-        assert (tmp_path / file_name).is_file()
+    shipped = {path.name for path in tmp_path.glob("*.py")}
+    assert shipped == {f"{modeling}.py", configuration_file(modeling), "relative_attention.py", "memory_cache.py",
+                       "input_checks.py"}  # fmt: skip
+    assert sum((tmp_path / name).stat().st_size for name in shipped) <= 120_000
+
+
+def configuration_file(modeling: str) -> str:
+    return modeling.replace("modeling_", "configuration_") + ".py"
 
 
 def test_a_subclass_does_not_ship_its_own_file(tmp_path):

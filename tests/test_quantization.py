@@ -208,7 +208,8 @@ def test_torchao_config_through_from_pretrained_then_the_rest(trained, tmp_path)
     import torchao.quantization as torchao_quantization
     from transformers import TorchAoConfig
 
-    from transformers_xl.modeling.decoding_linear import is_plain_linear
+    def is_plain_linear(layer):  # (an nn.Linear with a float weight, not a quantized one)
+        return type(layer) is nn.Linear and type(layer.weight) is nn.Parameter
 
     family, model, extra = trained
     model.save_pretrained(tmp_path)
