@@ -911,10 +911,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         hidden = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_loss(hidden)
         loss = None
-        if labels is not None:  # (in fp32, as transformers' causal-LM losses)
-            loss = _loss_sum_or_mean(
-                F.cross_entropy, logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), num_items_in_batch
-            )
+        if labels is not None:  # (in fp32 at least, as transformers' causal-LM losses)
+            upcast = logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32))
+            loss = _loss_sum_or_mean(F.cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
         return XLNetLMHeadModelOutput(
             loss=loss,
             logits=logits,

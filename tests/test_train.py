@@ -77,7 +77,7 @@ def test_a_rerun_reuses_the_encoded_corpus(tiny_run, capsys):
     cached = {path.name: path.stat().st_mtime_ns for path in (output / "corpus").iterdir()}
     common = ["--recipe", "tiny", "--train-file", train_file, "--valid-file", valid_file, "--output-dir", output]
     assert train(*common, *FAST, "--max-steps", 1) == 2
-    assert "already holds a train run (adaptive_softmax.py, checkpoint-100, checkpoint-200, ...); pass --resume to " \
+    assert "already holds a train run (checkpoint-100, checkpoint-200, config.json, ...); pass --resume to " \
         "continue it or --overwrite to start again." in capsys.readouterr().err
     copy = output.parent / "copy"
     copy.mkdir()
