@@ -1,6 +1,6 @@
 """int8 quantization of both models for CPU inference, every projection and output layer included.
 
-The models call their linear layers as modules (`decoding_linear.linear_layer`), so tools that quantize `nn.Linear`
+The models call their linear layers as modules (`self.qkv_net(x)`), so tools that quantize `nn.Linear`
 layers reach all of them: for Transformer-XL, torchao's `quantize_(model, config)` alone quantizes every projection,
 feed-forward layer and output layer of the adaptive softmax. XLNet's attention projections are parameters in the
 original [d_model, heads, d_head] layout (the checkpoints' names), so `use_linear_layers` first turns them into

@@ -36,7 +36,7 @@ def killed_after(run, copy, step):
     for path in copy.iterdir():
         if path.name.startswith("checkpoint-") and int(path.name.split("-")[1]) > step:
             shutil.rmtree(path)
-        elif path.is_file() and not path.name.startswith(".") or path.name == "adaptive_softmax.py":
+        elif path.is_file() and not path.name.startswith("."):
             path.unlink()  # the final model and results, written after the last step
     if (run / f"checkpoint-{step + 2}").exists():
         half = copy / ".partial" / f"checkpoint-{step + 2}"

@@ -22,7 +22,7 @@ from .arguments import positive_float, positive_int
 # The numbers of the two settings; `--quick` is for tests and CI (well under a minute), the default takes about
 # 5 minutes on one thread.
 DEFAULTS = dict(
-    steps=4000, d_model=128, n_layer=4, n_head=4, segment_len=32, mem_len=128, batch_size=16, learning_rate=2e-3,
+    steps=2500, d_model=128, n_layer=4, n_head=4, segment_len=32, mem_len=128, batch_size=16, learning_rate=2e-3,
     eval_chars=65536, speed_chars=512,
 )  # fmt: skip
 QUICK = dict(
