@@ -281,13 +281,12 @@ class MemoryCache(Cache):
             self.seen_tokens += new_hidden.shape[1]
             self.last_stored = new_hidden.shape[1]
 
-    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project, kept_with=None):
+    def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project):
         """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from the layer's table.
 
         `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed at
         least twice as long, so a memory that grows by one token per step costs amortised O(1) projections. The
-        table lives in this cache only. (`kept_with` is accepted and ignored: callers written for the earlier
-        signature still work.)"""
+        table lives in this cache only."""
         layer = self.layers[layer_idx]
         stored = layer.position_keys
         if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
