@@ -59,18 +59,18 @@ def _start_time(pid: int) -> str:
     return stat.rpartition(")")[2].split()[19]
 
 
-def _host() -> str:
+def host_name() -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())
 
 
-def _owner() -> str:
-    return f"{_host()}-{os.getpid()}-{_start_time(os.getpid())}"
+def owner_name() -> str:
+    return f"{host_name()}-{os.getpid()}-{_start_time(os.getpid())}"
 
 
-def _is_running(owner: str) -> bool:
+def is_running(owner: str) -> bool:
     """Whether the process named by `owner` may still run (True for another host's: it cannot be checked here)."""
     host, pid, started = owner.rsplit("-", 2)
-    if host != _host():
+    if host != host_name():
         return True
     try:
         os.kill(int(pid), 0)
@@ -87,7 +87,7 @@ def remove_stale(output: Path, say: Callable[[str], None] = _say):
     pattern = re.compile(re.escape(f".{output.name}.") + r"(\w+-\d+-\d+)\.\w+(\.partial|\.replaced)", re.ASCII)
     for path in sorted(output.parent.glob(f".{output.name}.*")):
         found = pattern.fullmatch(path.name)
-        if found is None or _is_running(found.group(1)):
+        if found is None or is_running(found.group(1)):
             continue
         pid = found.group(1).rsplit("-", 2)[1]
         if found.group(2) == REPLACED and not os.path.lexists(output):
@@ -199,7 +199,7 @@ def check_output(output: Path, force: bool, say: Callable[[str], None] = _say, *
             )
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=f".{output.name}.{_owner()}.", suffix=STAGING, dir=output.parent))
+        os.rmdir(tempfile.mkdtemp(prefix=f".{output.name}.{owner_name()}.", suffix=STAGING, dir=output.parent))
     except OSError as error:
         raise OutputError(f"cannot write in {output.parent}: {error.strerror or error}") from error
 
@@ -218,7 +218,7 @@ class StagingFolder:
 
     def __enter__(self) -> "StagingFolder":
         check_output(self.output, self.force, self.say, command=self.command)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.{_owner()}.", suffix=STAGING,
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.{owner_name()}.", suffix=STAGING,
                                           dir=self.output.parent))  # fmt: skip
         return self
 
@@ -231,7 +231,7 @@ class StagingFolder:
         files = sorted(path.relative_to(self.path).as_posix() for path in self.path.rglob("*") if not path.is_dir())
         marker = {**self.marker, "files": files}
         (self.path / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        _umask_permissions(self.path)
+        umask_permissions(self.path)
         if self.force and os.path.lexists(self.output):
             self._replace()
             return
@@ -259,7 +259,7 @@ class StagingFolder:
         self.say(f"replaced {self.output} (a folder written by transformers-xl {self.command})")
 
 
-def _umask_permissions(folder: Path):
+def umask_permissions(folder: Path):
     """The permissions the umask gives (mkdtemp makes the folder private, and safetensors writes its files private)."""
     umask = os.umask(0)
     os.umask(umask)

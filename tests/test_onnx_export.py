@@ -188,7 +188,7 @@ def test_of_two_exports_to_one_output_the_first_to_finish_wins(tmp_path, capsys,
     a staging folder left by a killed export is removed and reported."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # (its pid is free now)
-    stale = tmp_path / f".onnx.{publish._host()}-{dead.pid}-1.abc123.partial"
+    stale = tmp_path / f".onnx.{publish.host_name()}-{dead.pid}-1.abc123.partial"
     stale.mkdir()
     export_graph = onnx_export.export_graph
 

@@ -216,11 +216,11 @@ def test_the_staging_folder_of_a_killed_run_is_removed_by_the_next_run(tmp_path)
 @pytest.mark.skipif(publish._start_time(os.getpid()) == "0", reason="no /proc: a pid alone names a process")
 def test_a_staging_folder_whose_pid_was_reused_is_stale(tmp_path):
     """The recorded pid is running (it is ours), but it started at another time: another process had that pid."""
-    stale = tmp_path / f".out.{publish._host()}-{os.getpid()}-1.abc123.partial"
+    stale = tmp_path / f".out.{publish.host_name()}-{os.getpid()}-1.abc123.partial"
     stale.mkdir()
-    mine = tmp_path / f".out.{publish._owner()}.def456.partial"
+    mine = tmp_path / f".out.{publish.owner_name()}.def456.partial"
     mine.mkdir()
-    other_output = tmp_path / f".out.v2.{publish._host()}-{os.getpid()}-1.abc123.partial"  # (OUTPUT out.v2's)
+    other_output = tmp_path / f".out.v2.{publish.host_name()}-{os.getpid()}-1.abc123.partial"  # (OUTPUT out.v2's)
     other_output.mkdir()
     said = []
     publish.check_output(tmp_path / "out", force=False, say=said.append, command="convert")
@@ -231,7 +231,7 @@ def test_a_staging_folder_whose_pid_was_reused_is_stale(tmp_path):
 def test_a_folder_moved_aside_by_a_killed_force_run_is_put_back(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # (its pid is free now)
-    aside = tmp_path / f".out.{publish._host()}-{dead.pid}-1.abc123.replaced"
+    aside = tmp_path / f".out.{publish.host_name()}-{dead.pid}-1.abc123.replaced"
     aside.mkdir()
     write_model(aside)
     marker = {"written_by": "transformers-xl", "subcommand": "convert", "files": ["config.json", "model.safetensors"]}

@@ -13,7 +13,7 @@ from test_train import write_corpus
 from transformers import Trainer
 
 from transformers_xl.cli import main
-from transformers_xl.conversion.publish import _host, _owner
+from transformers_xl.conversion.publish import host_name, owner_name
 from transformers_xl.training.run_folder import LOCK, MARKER
 
 STEPS = ["--max-steps", "6", "--save-steps", "3", "--logging-steps", "3", "--batch-size", "4", "--tgt-len", "8"]
@@ -96,7 +96,7 @@ def test_a_damaged_key_of_the_runs_own_cache_is_rebuilt(tmp_path, corpus, capsys
 def test_a_second_run_into_a_locked_folder_stops(tmp_path, corpus, capsys):
     output = tmp_path / "out"
     output.mkdir()
-    (output / LOCK).write_text(_owner())  # (this process: running)
+    (output / LOCK).write_text(owner_name())  # (this process: running)
     assert train(*corpus, "--output-dir", output) == 2
     assert f"--output-dir {output} is in use by another transformers-xl train" in last_error_line(capsys)
     assert [path.name for path in output.iterdir()] == [LOCK]
@@ -110,7 +110,7 @@ def test_the_stale_lock_of_a_dead_process_is_reported_and_cleared(tmp_path, corp
     output.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
-    (output / LOCK).write_text(f"{_host()}-{pid}-12345")
+    (output / LOCK).write_text(f"{host_name()}-{pid}-12345")
     assert train(*corpus, "--output-dir", output) == 0
     assert f"removed the lock {output / LOCK} of process {pid}, which no longer runs" in capsys.readouterr().err
     assert not (output / LOCK).exists() and (output / "model.safetensors").is_file()

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerFast, TrainingArguments, set_seed
 from transformers.trainer_callback import ProgressCallback
 from transformers_xl_cli.demo import DEFAULTS, QUICK
 
-from ..conversion.publish import _umask_permissions
+from ..conversion.publish import umask_permissions
 from ..conversion.remote_code import full_auto_map
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
@@ -278,7 +278,7 @@ def save_model(model, tokenizer, folder: Path):
     model.config.auto_map = full_auto_map(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    _umask_permissions(Path(folder))
+    umask_permissions(Path(folder))
 
 
 def plot(metrics: dict, path: Path) -> Figure:

@@ -43,7 +43,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
-from ..conversion.publish import _umask_permissions
+from ..conversion.publish import umask_permissions
 from .streams import TextStream
 
 logger = logging.get_logger(__name__)
@@ -279,7 +279,7 @@ class MemoryTrainer(Trainer):
             sizes = {entry.name: entry.stat().st_size for entry in os.scandir(staging) if entry.is_file()}
             with open(os.path.join(staging, CHECKPOINT_FILES), "w", encoding="utf-8") as file:
                 json.dump({"files": sizes}, file, indent=2)
-            _umask_permissions(Path(staging))
+            umask_permissions(Path(staging))
             shutil.rmtree(final, ignore_errors=True)  # (an incomplete one of an earlier run of this step)
             os.rename(staging, final)
             with contextlib.suppress(OSError):

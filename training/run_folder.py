@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..conversion.publish import _host, _is_running, _owner, _say, rename_no_replace
+from ..conversion.publish import host_name, is_running, owner_name, rename_no_replace
 from .memory_trainer import STAGING
 
 MARKER = ".transformers-xl-train.json"
@@ -41,7 +41,7 @@ class RunFolder:
     """The output folder of one run. `with folder.locked():` holds the lock; `open(...)` then checks and prepares
     the folder for a fresh run, an overwrite or a resume."""
 
-    def __init__(self, path, say=_say):
+    def __init__(self, path, say):
         self.path = Path(path)
         self.say = say
         self.created = False  # whether this run created the folder (then a run that fails removes it)
@@ -70,7 +70,7 @@ class RunFolder:
         return marker
 
     def _write_marker(self):
-        temporary = self.path / f"{MARKER}.{_owner()}.tmp"
+        temporary = self.path / f"{MARKER}.{owner_name()}.tmp"
         temporary.write_text(json.dumps(self.marker, indent=2) + "\n", encoding="utf-8")
         os.replace(temporary, self.path / MARKER)
 
@@ -215,7 +215,7 @@ class _Lock:
                 self._clear_stale()
                 continue
             with os.fdopen(descriptor, "w") as file:
-                file.write(_owner())
+                file.write(owner_name())
             return folder
         raise OutputFolderError(f"{self.path}: cannot take the lock of {folder.path}.")
 
@@ -225,15 +225,15 @@ class _Lock:
             host, pid, _ = owner.rsplit("-", 2)
         except (OSError, ValueError):
             owner = None  # (being written by its owner, or unreadable: taken to be held)
-        if owner is None or _is_running(owner):
+        if owner is None or is_running(owner):
             who = f"process {pid} on {host}" if owner else "another process"
             unsure = " (on another host, which cannot be checked from here: remove the lock if it no longer runs)"
             raise OutputFolderError(
                 f"--output-dir {self.folder.path} is in use by another transformers-xl train ({who}, lock "
                 f"{self.path}); one run per folder: wait for it or pick another --output-dir"
-                + (unsure if owner and host != _host() else "") + "."
+                + (unsure if owner and host != host_name() else "") + "."
             )
-        aside = self.path.with_name(f"{LOCK}.{_owner()}.stale")
+        aside = self.path.with_name(f"{LOCK}.{owner_name()}.stale")
         try:
             os.rename(self.path, aside)  # (then only this process removes it)
         except FileNotFoundError:

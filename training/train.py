@@ -110,7 +110,7 @@ def prepare(args) -> dict:
         "vocab": _content(vocab_file) if vocab_file else None,
     }  # fmt: skip
     return {"args": args, "recipe": recipe, "files": files, "vocab_file": vocab_file, "cutoffs": cutoffs,
-            "output": output, "folder": RunFolder(output), "mem_len": mem_len, "settings": settings,
+            "output": output, "folder": RunFolder(output, say=_say), "mem_len": mem_len, "settings": settings,
             "training_args": training_args, "processes": processes, "main": training_args.process_index == 0}  # fmt: skip
 
 
