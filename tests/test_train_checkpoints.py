@@ -8,16 +8,11 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train import write_corpus
+from test_train import train, write_corpus
 
-from transformers_xl.cli import main
 from transformers_xl.training.memory_trainer import CHECKPOINT_FILES
 
 STEPS = ["--max-steps", "6", "--save-steps", "2", "--logging-steps", "2", "--batch-size", "4", "--tgt-len", "8"]
-
-
-def train(*options) -> int:
-    return main(["train", *map(str, options)])
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,13 @@ import sys
 import pytest
 import torch
 from safetensors import SafetensorError
-from test_train import write_corpus
+from test_train import train, write_corpus
 from transformers import Trainer
 
-from transformers_xl.cli import main
 from transformers_xl.conversion.publish import host_name, owner_name
 from transformers_xl.training.run_folder import LOCK, MARKER
 
 STEPS = ["--max-steps", "6", "--save-steps", "3", "--logging-steps", "3", "--batch-size", "4", "--tgt-len", "8"]
-
-
-def train(*options) -> int:
-    return main(["train", *map(str, options)])
 
 
 @pytest.fixture
