@@ -369,12 +369,12 @@ class TransfoXLAttention(nn.Module):
         """Terms (b)+(d) of the scores, scaled by 1/sqrt(D), for every (query, key) pair: [B, H, q, k] for
         attn_type 0 and 1; None for the absolute types.
 
-        Row i of the unshifted scores lists distances k-1 ... 0 and one more, -1, which only future (masked) keys
-        read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
+        Row i of the unshifted scores lists distances k-1 ... 0 and at least one more, -1, which only future (masked)
+        keys read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
         offset = query.shape[2] - 1
         if self.attn_type == 0:
             position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
-            scores = torch.einsum("bhqd,hrd->bhqr", position_query, position_keys.to(query.dtype))
+            scores = torch.matmul(position_query, position_keys.to(query.dtype).transpose(1, 2))  # [B, H, q, R]
             return relative_shift(scores, key_length, offset)
         if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
@@ -415,16 +415,20 @@ class TransfoXLAttention(nn.Module):
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
         # Every score term but (a)+(c), with the mask folded in: the lowest value where a key may not be attended
+        # (written into the shifted scores, a view of their own fresh tensor: no copy of the [B, H, q, k] scores)
+        lowest = torch.finfo(query.dtype).min
         position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
         if position_scores is None:
-            position_scores = torch.zeros((), dtype=query.dtype, device=query.device)
-        position_bias = torch.where(mask, torch.finfo(query.dtype).min, position_scores)
+            position_bias = torch.where(mask, lowest, torch.zeros((), dtype=query.dtype, device=query.device))
+        else:
+            position_bias = position_scores.masked_fill_(mask, lowest)
         content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
 
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        if implementation == "flex_attention":  # (its score_mod indexes every batch row and head: a broadcast view)
-            position_bias = position_bias.expand(batch_size, self.n_head, query_length, key.shape[2])
+        if implementation == "flex_attention":  # (its score_mod indexes every batch row and head, and torch's CPU
+            # kernel misreads a strided bias once its shapes are dynamic)
+            position_bias = position_bias.expand(batch_size, self.n_head, query_length, key.shape[2]).contiguous()
         attention, probs = attention_interface(
             self,
             content_query,  # `content_query @ key` is terms (a)+(c)
@@ -665,7 +669,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     def _position_embedding(self, highest, lowest, dtype, device):
         """Encodings of distances highest ... lowest (clamped at `clamp_len`), with dropout; None for learned
-        schemes. Relative attention (type 0) uses k-1 ... -1 (see relative_shift), absolute positions (type 2)
+        schemes. Relative attention (type 0) uses k-1 ... -1 or lower (see relative_shift), absolute positions (type 2)
         k-1 ... 0."""
         if not hasattr(self, "pos_emb"):
             return None
@@ -718,7 +722,11 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
         position_embedding = None  # (projected once per forward for every layer, or read from the cache's table)
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
-            lowest = -1 if config.attn_type == 0 else 0
+            # (type 0: distances k-1 ... -1 and, for a concrete length, a few more negative ones, read only for
+            # masked keys, so that the position scores' rows are a multiple of 8 long: matrix-product kernels store
+            # aligned rows faster. A symbolic length (torch.export) keeps k + 1 rows: no guard on its remainder.)
+            aligned = (-(key_length + 1)) % 8 if isinstance(key_length, int) else 0
+            lowest = 0 if config.attn_type == 2 else -1 - aligned
             position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
 
         hidden = self.drop(inputs_embeds)
@@ -768,7 +776,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         )
 
     def _position_keys(self, layer_idx, key_length, position_embedding, cache):
-        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... -1 (attn_type 0 only).
+        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... -1 or lower (attn_type 0 only).
 
         With a cache whose projections are reusable, they come from its stored table: a step slices, not projects.
         """

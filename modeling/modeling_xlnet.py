@@ -179,15 +179,16 @@ class XLNetRelativeAttention(nn.Module):
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
             scores = torch.matmul(position_query, position_keys.transpose(-1, -2))
+        # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
         position_bias = relative_shift(scores, key.shape[2], offset)
         if segment_mismatch is not None:
             # (q_i + b)^T s_ij with s_ij = seg_embed[0] inside a segment, seg_embed[1] across segments.
             segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
             segment_scores = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
             mismatch = segment_mismatch[:, None]
-            position_bias = position_bias + torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1])
+            position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
         if mask is not None:  # True where query i may not see key j
-            position_bias = torch.where(mask, torch.finfo(dtype).min, position_bias)
+            position_bias.masked_fill_(mask, torch.finfo(dtype).min)
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return attention_interface(
@@ -198,9 +199,9 @@ class XLNetRelativeAttention(nn.Module):
             None,  # the mask is folded into position_bias
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scale,
-            # (contiguous: transformers' flex_attention compiles for CPU a kernel that misreads a strided bias once
-            # its shapes are dynamic; sdpa makes it contiguous anyway)
-            position_bias=position_bias.to(dtype).contiguous(),
+            # (contiguous for flex_attention: torch compiles for CPU a kernel that misreads a strided bias once its
+            # shapes are dynamic; sdpa reads the strided view as it is)
+            position_bias=position_bias.contiguous() if implementation == "flex_attention" else position_bias,
             is_causal=False,
         )
 

@@ -38,10 +38,11 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
 
     Row i of `position_scores` [..., q, R] holds the scores of query i against the R relative distances listed in
     decreasing order. Transformer-XL lists distances k-1 ... -1 (`offset = q - 1`), XLNet k ... -q+1 or k ... 0
-    (`offset = q`); `key_length < R` and `0 <= offset <= q`. The shift is the original code's pad-and-reshape (Dai
-    et al. App. B): one zero column padded in front, the flat scores read in rows of R from the q-th on. Only views
-    after the pad, so autograd, torch.compile and dynamic torch.export take it as it is. Entries that read the next
-    row's start belong to future keys, which are masked.
+    (`offset = q`); `key_length < R` and `0 <= offset <= q`. The original code pads a zero column and reshapes (Dai
+    et al. App. B); reading the flat scores in rows of R - 1 from element `offset` on is the same re-indexing without
+    the copy: views only. Entries whose column falls outside 0 ... R-1 read a neighbouring row: they belong to keys
+    the caller masks. No two entries of the result share an element (its rows, R - 1 long, hold k <= R - 1 keys),
+    so the caller may write the mask into it in place.
     """
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
@@ -49,16 +50,9 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
             f"relative_shift: {distances} distances cannot be shifted to {key_length} keys with offset {offset} for "
             f"{length} queries; expected key_length < distances and 0 <= offset <= queries."
         )
-    # The pad-and-reshape shifts with offset q - 1: drop the first columns of a larger offset, pad a smaller one.
-    extra = offset - (length - 1)
-    if extra > 0:
-        position_scores = position_scores[..., extra:]
-    elif extra < 0:
-        position_scores = F.pad(position_scores, (-extra, 0))
-    distances = position_scores.shape[-1]
-    padded = F.pad(position_scores, (1, 0)).flatten(-2)  # [..., q (R + 1)]
-    shifted = padded[..., length:].view(*batch, length, distances)  # (row i starts at q + i R = i (R + 1) + q - i)
-    return shifted[..., :key_length]
+    flat = position_scores.contiguous().flatten(-2)  # [..., q R]
+    rows = flat[..., offset : offset + length * (distances - 1)].unflatten(-1, (length, distances - 1))
+    return rows[..., :key_length]  # row i starts at offset + i (R - 1) = i R + (offset - i)
 
 
 def eager_attention_forward(

@@ -1,0 +1,223 @@
+"""What the test suite checks on CPU, checked on another device: the attention implementations agree, a step makes
+no more host syncs than its design needs, and the same inputs give the same bits in every process.
+
+    python benchmarks/check_device.py --device cuda     # the first machine with a GPU runs this beside run.py
+    python benchmarks/check_device.py                   # the same on CPU (tests/test_benchmarks.py runs it)
+
+For both models (small configurations, fp32, dropout 0):
+- agreement: "sdpa" and "flex_attention" against "eager", the logits of a segment after a memory (eval) and the
+  gradients of a training step with labels, within 1e-4 (flex's gradients only where torch has its backward: not
+  on CPU);
+- host syncs: counted with tests/host_syncs.py's dispatch mode in a training step and a decoding step, and on CUDA
+  also by torch's own sync debug mode (the ops a dispatch mode cannot see); Transformer-XL may sync once per
+  adaptive-softmax tail cluster in training, nothing else may;
+- determinism: the training step's logits, loss and gradients in 3 fresh processes, hashed, with and without
+  `torch.use_deterministic_algorithms(True)`.
+Prints one line per check and exits with status 1 if any fails.
+"""
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from host_syncs import HostSyncCounter  # noqa: E402
+
+from transformers_xl.modeling.memory_cache import MemoryCache  # noqa: E402
+from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel  # noqa: E402
+
+IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
+TOLERANCE = 1e-4
+PROCESSES = 3
+
+
+def transfo_xl(device):
+    torch.manual_seed(0)
+    config = TransfoXLConfig(vocab_size=500, cutoffs=[100, 300], d_model=64, d_embed=64, n_head=4, d_head=16,
+                             d_inner=128, div_val=2, n_layer=2, mem_len=16, tgt_len=16, same_length=True,
+                             dropout=0.0, dropatt=0.0)  # fmt: skip
+    return TransfoXLLMHeadModel(config).to(device)
+
+
+def xlnet(device):
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=500, d_model=64, n_layer=2, n_head=4, d_inner=128, mem_len=16, dropout=0.0)
+    return XLNetLMHeadModel(config).to(device)
+
+
+MODELS = {"transfo-xl": transfo_xl, "xlnet": xlnet}
+
+
+def segments(name, device):
+    """Two segments of 16 tokens (the second attends to the first's memory) and, for XLNet, a factorisation order
+    that hides the last 4 tokens, which are its targets (both streams run)."""
+    generator = torch.Generator().manual_seed(1)
+    first, second = (torch.randint(10, 500, (2, 16), generator=generator).to(device) for _ in range(2))
+    extra = {}
+    if name == "xlnet":
+        perm_mask = torch.zeros(2, 16, 16)
+        perm_mask[:, :, -4:] = 1
+        target_mapping = torch.zeros(2, 4, 16)
+        target_mapping[:, torch.arange(4), torch.arange(12, 16)] = 1
+        extra = dict(perm_mask=perm_mask.to(device), target_mapping=target_mapping.to(device), use_mems=True)
+    return first, second, extra
+
+
+def labels_for(name, ids):
+    return ids[:, -4:] if name == "xlnet" else ids
+
+
+def training_step(name, model, device):
+    """Per-token outputs (XLNet's logits; Transformer-XL's losses, which it returns instead with labels), loss and
+    gradients of a forward + backward with labels over the second segment, after the first's memory."""
+    first, second, extra = segments(name, device)
+    model.train().zero_grad()
+    mems = model(first, **extra).mems
+    output = model(second, mems=[m.detach() for m in mems], labels=labels_for(name, second), **extra)
+    output.loss.backward()
+    gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    per_token = output.losses if name == "transfo-xl" else output.logits
+    return per_token.detach(), output.loss.detach(), gradients
+
+
+def evaluation_logits(name, model, device):
+    first, second, extra = segments(name, device)
+    with torch.no_grad():
+        mems = model.eval()(first, **extra).mems
+        return model(second, mems=mems, **extra).logits
+
+
+def largest_difference(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def check_agreement(name, device, report):
+    model = MODELS[name](device)
+    results = {}
+    for implementation in IMPLEMENTATIONS:
+        model.set_attn_implementation(implementation)
+        logits = evaluation_logits(name, model, device)
+        try:
+            gradients = training_step(name, model, device)[2]
+        except NotImplementedError as error:  # flex_attention has no backward on CPU (torch 2.13)
+            gradients = str(error).splitlines()[0]
+        results[implementation] = logits, gradients
+    eager_logits, eager_gradients = results["eager"]
+    for implementation in IMPLEMENTATIONS[1:]:
+        logits, gradients = results[implementation]
+        difference = largest_difference(logits, eager_logits)
+        report(difference <= TOLERANCE, f"{name} {implementation} vs eager: evaluation logits max |diff| {difference:.1e}")
+        if isinstance(gradients, str):
+            report(device.type == "cpu", f"{name} {implementation} training gradients: not run ({gradients})")
+            continue
+        difference = max(largest_difference(g, eager_gradients[n]) for n, g in gradients.items())
+        same_names = gradients.keys() == eager_gradients.keys()
+        report(same_names and difference <= TOLERANCE,
+               f"{name} {implementation} vs eager: training gradients max |diff| {difference:.1e}")  # fmt: skip
+
+
+def decoding_step(name, model, device):
+    """One greedy step of `generate()` after a prompt: inputs prepared against the memory cache, then the forward
+    (each call decodes the next token)."""
+    tokens = segments(name, device)[0]
+    cache = MemoryCache(model.config.n_layer, model.config.mem_len)
+    flag = {"use_mems": True} if name == "xlnet" else {"use_cache": True}
+
+    def step():
+        nonlocal tokens
+        with torch.no_grad():
+            inputs = model.prepare_inputs_for_generation(tokens, cache=cache, **flag)
+            tokens = torch.cat([tokens, model(**inputs).logits[:, -1:].argmax(-1)], dim=1)
+
+    model.eval()
+    step()  # (the prompt)
+    return step
+
+
+def count_syncs(step, device) -> tuple[int, int | None]:
+    """(syncing ops seen by the dispatch mode, syncs torch's CUDA sync debug mode warned of, or None off CUDA)."""
+    with HostSyncCounter() as counter:
+        step()
+    if device.type != "cuda":
+        return counter.count, None
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return counter.count, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def check_host_syncs(name, device, report):
+    model = MODELS[name](device)
+    allowed = len(model.config.cutoffs) if name == "transfo-xl" else 0  # one per tail cluster
+    ops, cuda = count_syncs(lambda: training_step(name, model, device), device)
+    seen = f"{ops} by dispatch" + ("" if cuda is None else f", {cuda} by CUDA's sync debug mode")
+    report(ops <= allowed and (cuda is None or cuda <= allowed), f"{name} training step: host syncs {seen} (at most {allowed})")
+    step = decoding_step(name, model, device)
+    step()  # (the first step may set up what later ones reuse)
+    ops, cuda = count_syncs(step, device)
+    seen = f"{ops} by dispatch" + ("" if cuda is None else f", {cuda} by CUDA's sync debug mode")
+    report(ops == 0 and not cuda, f"{name} decoding step: host syncs {seen} (none allowed)")
+
+
+def step_digest(name, device) -> str:
+    """sha256 of the training step's logits, loss and gradients (their bytes)."""
+    logits, loss, gradients = training_step(name, MODELS[name](device), device)
+    digest = hashlib.sha256()
+    for tensor in (logits, loss, *(gradients[n] for n in sorted(gradients))):
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_determinism(name, device, report):
+    for deterministic in (False, True):
+        command = [sys.executable, __file__, "--device", str(device), "--digest-of", name]
+        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8") if deterministic else None
+        if deterministic:
+            command.append("--deterministic")
+        digests = [subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout.strip()
+                   for _ in range(PROCESSES)]  # fmt: skip
+        flag = "with" if deterministic else "without"
+        report(len(set(digests)) == 1,
+               f"{name} training step {flag} use_deterministic_algorithms: {len(set(digests))} distinct results in {PROCESSES} processes")  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--digest-of", choices=sorted(MODELS), help=argparse.SUPPRESS)
+    parser.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.digest_of:  # (a worker of check_determinism)
+        torch.use_deterministic_algorithms(args.deterministic)
+        print(step_digest(args.digest_of, device))
+        return 0
+    failures = []
+
+    def report(passed: bool, line: str):
+        print(("ok    " if passed else "FAIL  ") + line, flush=True)
+        if not passed:
+            failures.append(line)
+
+    print(f"torch {torch.__version__} on {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    for name in MODELS:
+        check_agreement(name, device, report)
+        check_host_syncs(name, device, report)
+        check_determinism(name, device, report)
+    print(f"{len(failures)} failed" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
