@@ -73,10 +73,10 @@ def labels_for(name, ids):
     return ids[:, -4:] if name == "xlnet" else ids
 
 
-def training_step(name, model, device):
+def training_step(name, model, inputs):
     """Per-token outputs (XLNet's logits; Transformer-XL's losses, which it returns instead with labels), loss and
     gradients of a forward + backward with labels over the second segment, after the first's memory."""
-    first, second, extra = segments(name, device)
+    first, second, extra = inputs
     model.train().zero_grad()
     mems = model(first, **extra).mems
     output = model(second, mems=[m.detach() for m in mems], labels=labels_for(name, second), **extra)
@@ -104,7 +104,7 @@ def check_agreement(name, device, report):
         model.set_attn_implementation(implementation)
         logits = evaluation_logits(name, model, device)
         try:
-            gradients = training_step(name, model, device)[2]
+            gradients = training_step(name, model, segments(name, device))[2]
         except NotImplementedError as error:  # flex_attention has no backward on CPU (torch 2.13)
             gradients = str(error).splitlines()[0]
         results[implementation] = logits, gradients
@@ -154,13 +154,17 @@ def count_syncs(step, device) -> tuple[int, int | None]:
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return counter.count, sum("synchroniz" in str(w.message) for w in caught)
+    syncs = [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    for place in dict.fromkeys(syncs):  # (where the syncing op was called from, each place once)
+        print(f"      CUDA sync at {place} ({syncs.count(place)}x)")
+    return counter.count, len(syncs)
 
 
 def check_host_syncs(name, device, report):
     model = MODELS[name](device)
     allowed = len(model.config.cutoffs) if name == "transfo-xl" else 0  # one per tail cluster
-    ops, cuda = count_syncs(lambda: training_step(name, model, device), device)
+    inputs = segments(name, device)  # (made beforehand: copies of the inputs to the device are the caller's)
+    ops, cuda = count_syncs(lambda: training_step(name, model, inputs), device)
     seen = f"{ops} by dispatch" + ("" if cuda is None else f", {cuda} by CUDA's sync debug mode")
     report(ops <= allowed and (cuda is None or cuda <= allowed), f"{name} training step: host syncs {seen} (at most {allowed})")
     step = decoding_step(name, model, device)
@@ -172,7 +176,7 @@ def check_host_syncs(name, device, report):
 
 def step_digest(name, device) -> str:
     """sha256 of the training step's logits, loss and gradients (their bytes)."""
-    logits, loss, gradients = training_step(name, MODELS[name](device), device)
+    logits, loss, gradients = training_step(name, MODELS[name](device), segments(name, device))
     digest = hashlib.sha256()
     for tensor in (logits, loss, *(gradients[n] for n in sorted(gradients))):
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())

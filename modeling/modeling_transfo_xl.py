@@ -239,8 +239,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         those rows costs one host sync per tail cluster; a compiled graph, which cannot size a tensor by the data,
         scores every row in every cluster and keeps each row's own."""
         head_end, clusters = self.bounds[0][1], self._clusters()
-        ends = torch.tensor([end for _, end in self.bounds[:-1]], device=target.device)
-        cluster_of = torch.bucketize(target, ends, right=True)
+        cluster_of = torch.zeros_like(target)  # 0 for the head, c for tail cluster c (no table copied to the device)
+        for _, end in self.bounds[:-1]:
+            cluster_of = cluster_of + (target >= end)
         head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
         nll = F.cross_entropy(self._logits(hidden, clusters, 0), head_target, reduction="none")
         for cluster in range(1, len(self.bounds)):

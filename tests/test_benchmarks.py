@@ -297,3 +297,22 @@ def test_attention_implementation_falls_back_to_eager_where_a_model_lacks_the_re
     assert [attention_implementation(SdpaOnly, name) for name in ("eager", "sdpa", "flex_attention")] == [
         "eager", "sdpa", "eager"]  # fmt: skip
     assert attention_implementation(object, "sdpa") == "eager"  # (transformers 4.37.2's Transformer-XL has no flags)
+
+
+def test_check_device_counts_host_syncs_on_cpu():
+    """benchmarks/check_device.py, which the first machine with a GPU runs, through the same device switch on CPU:
+    its host-sync checks pass here (the agreement it also checks is tests/test_attention_*.py's), and its counter
+    sees an `.item()`."""
+    spec = importlib.util.spec_from_file_location("check_device", ROOT / "benchmarks" / "check_device.py")
+    check_device = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_device)
+    lines = []
+    report = lambda passed, line: lines.append((passed, line))  # noqa: E731
+    device = torch.device("cpu")
+    for model in ("transfo-xl", "xlnet"):
+        check_device.check_host_syncs(model, device, report)
+    assert [passed for passed, _ in lines] == [True] * 4, lines
+    assert "transfo-xl training step: host syncs 2 by dispatch (at most 2)" in lines[0][1]
+
+    syncing = lambda: torch.ones(1).item()  # noqa: E731
+    assert check_device.count_syncs(syncing, device) == (1, None)
