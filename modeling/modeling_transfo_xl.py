@@ -28,6 +28,7 @@ from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
     relative_shift,
+    score_bias_arguments,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -319,7 +320,7 @@ class TransfoXLAttention(nn.Module):
     attn_type 1 (Shaw et al.) uses learned per-distance key embeddings and biases: `(q + u) k + shift(q r_emb + r_bias)`;
     attn_types 2 and 3 add absolute positions to the inputs instead (see TransfoXLLayer) and score plain `q k`.
     The attention itself is `config._attn_implementation`'s ("eager", "sdpa", "flex_attention"), the position terms
-    and the mask passed as its `position_bias`.
+    and the mask passed as one additive score bias (`score_bias_arguments`).
     """
 
     def __init__(self, config: TransfoXLConfig):
@@ -427,19 +428,15 @@ class TransfoXLAttention(nn.Module):
 
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        if implementation == "flex_attention":  # (its score_mod indexes every batch row and head, and torch's CPU
-            # kernel misreads a strided bias once its shapes are dynamic)
-            position_bias = position_bias.expand(batch_size, self.n_head, query_length, key.shape[2]).contiguous()
         attention, probs = attention_interface(
             self,
             content_query,  # `content_query @ key` is terms (a)+(c)
             key,
             value,
-            None,  # the mask is folded into position_bias
             dropout=self.dropatt if self.training else 0.0,
             scaling=self.scale,
-            position_bias=position_bias,
             is_causal=False,
+            **score_bias_arguments(implementation, position_bias, batch_size, self.n_head),  # the rest, and the mask
         )
         output = self.drop(self.o_net(attention.reshape(batch_size, query_length, -1)))
         output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)

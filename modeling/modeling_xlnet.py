@@ -62,6 +62,7 @@ from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
     relative_shift,
+    score_bias_arguments,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -112,7 +113,7 @@ class XLNetRelativeAttention(nn.Module):
                                               i and j are in the same segment, else `seg_embed`[1]
 
     (a) + (c) is the dot product of `q + u` with the keys; everything else, scaled and with the masked pairs set to
-    the dtype's lowest value, is the `position_bias` of transformers' attention interface, so "eager", "sdpa" and
+    the dtype's lowest value, is one additive score bias for transformers' attention interface, so "eager", "sdpa" and
     "flex_attention" (`config._attn_implementation`) compute the same attention. Keys and values come from the
     content stream over [memory; segment] for both streams; the content stream queries with h, the query stream
     with g. Parameters keep the original [d_model, n_head, d_head] layout.
@@ -196,13 +197,10 @@ class XLNetRelativeAttention(nn.Module):
             query + self.r_w_bias[:, None].to(dtype),  # (q + u): `query @ key` is terms (a) + (c)
             key,
             value,
-            None,  # the mask is folded into position_bias
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scale,
-            # (contiguous for flex_attention: torch compiles for CPU a kernel that misreads a strided bias once its
-            # shapes are dynamic; sdpa reads the strided view as it is)
-            position_bias=position_bias.contiguous() if implementation == "flex_attention" else position_bias,
             is_causal=False,
+            **score_bias_arguments(implementation, position_bias, query.shape[0], self.n_head),  # the rest, the mask
         )
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

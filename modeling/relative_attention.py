@@ -9,8 +9,8 @@ Notation follows Dai et al. (2019), Sec. 3.3. For a query i and a key j the atte
 
 Terms (a)+(c) are an ordinary dot product of the biased query `q + u` with the keys. Terms (b)+(d) are computed
 against one row per relative distance and re-indexed to (query, key) pairs by the relative shift (App. B); they reach
-the attention function as `position_bias`, an additive score term that transformers' "sdpa" and "flex_attention"
-functions take as it is, so one call serves the three implementations (see `eager_attention_forward`).
+the attention function, with the mask, as one additive score bias that transformers' "sdpa" and "flex_attention"
+functions take as it is, so one call serves the three implementations (see `score_bias_arguments`).
 
 All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
 """
@@ -68,22 +68,36 @@ def eager_attention_forward(
 ):
     """Relative attention written out, the reference the fused implementations ("sdpa", "flex_attention") match.
 
-    The call convention is transformers' attention interface (`ALL_ATTENTION_FUNCTIONS`), with the relative terms
-    riding along as `position_bias`, as transformers' own sdpa / flex functions take it:
+    The call convention is transformers' attention interface (`ALL_ATTENTION_FUNCTIONS`); every score term but
+    (a)+(c) arrives as one additive bias (see `score_bias_arguments`):
     - query [B, H, q, D], already holding the content bias: `q + u`, so `query @ key` is terms (a)+(c);
     - key, value [B, H, k, D] over [memory; segment];
-    - position_bias [B, H, q, k]: terms (b)+(d) after the relative shift (and XLNet's segment term), already scaled;
-    - attention_mask: boolean [B or 1, 1, q, k], True where query i may attend to key j; or None.
+    - attention_mask or position_bias [B or 1, H or 1, q, k]: terms (b)+(d) after the relative shift (and XLNet's
+      segment term), already scaled, and the dtype's lowest value where query i may not attend key j.
     Returns (output [B, q, H, D], probabilities [B, H, q, k]).
     """
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (a) + (c), scaled
-    if position_bias is not None:
-        scores = scores + position_bias  # + (b) + (d) [+ segment term]
-    if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    for bias in (attention_mask, position_bias):
+        if bias is not None:
+            scores = scores + bias  # + (b) + (d) [+ segment term], and the mask
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def score_bias_arguments(implementation: str, bias: torch.Tensor, batch_size: int, num_heads: int) -> dict:
+    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments.
+
+    transformers' eager and sdpa convention is a float `attention_mask` added to the scores, which sdpa hands to torch
+    as it is (a strided bias stays a view; its `position_bias` would be copied to a contiguous tensor first).
+    flex_attention adds `position_bias[b, h, q, kv]` in its score_mod (a tensor `attention_mask` would be read as a
+    boolean of head 0), so it gets every batch row and head, contiguous: torch's CPU flex kernel misreads a strided
+    bias once its shapes are dynamic.
+    """
+    if implementation == "flex_attention":
+        full = bias.expand(batch_size, num_heads, *bias.shape[-2:]).contiguous()
+        return {"attention_mask": None, "position_bias": full}
+    return {"attention_mask": bias, "position_bias": None}
 
 
 def causal_memory_mask(
