@@ -667,7 +667,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     def _position_embedding(self, highest, lowest, dtype, device):
         """Encodings of distances highest ... lowest (clamped at `clamp_len`), with dropout; None for learned
-        schemes. Relative attention (type 0) uses k-1 ... -1 or lower (see relative_shift), absolute positions (type 2)
+        schemes. Relative attention (type 0) uses k-1 ... -1 or lower (`_lowest_distance`), absolute positions (type 2)
         k-1 ... 0."""
         if not hasattr(self, "pos_emb"):
             return None
@@ -719,12 +719,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         # dropout, no gradient: with gradients, W_k and W_v must see the memory again).
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
         position_embedding = None  # (projected once per forward for every layer, or read from the cache's table)
+        lowest = 0 if config.attn_type == 2 else self._lowest_distance(query_length, key_length)
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
-            # (type 0: distances k-1 ... -1 and, for a concrete length, a few more negative ones, read only for
-            # masked keys, so that the position scores' rows are a multiple of 8 long: matrix-product kernels store
-            # aligned rows faster. A symbolic length (torch.export) keeps k + 1 rows: no guard on its remainder.)
-            aligned = (-(key_length + 1)) % 8 if isinstance(key_length, int) else 0
-            lowest = 0 if config.attn_type == 2 else -1 - aligned
             position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
 
         hidden = self.drop(inputs_embeds)
@@ -743,7 +739,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
                 hidden,
                 memory=memory,
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
-                position_keys=self._position_keys(i, key_length, position_embedding, cache if reuse_projections else None),
+                position_keys=self._position_keys(
+                    i, key_length, lowest, position_embedding, cache if reuse_projections else None
+                ),
                 mask=mask,
                 biases=biases,
                 output_attentions=output_attentions,
@@ -773,8 +771,18 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             attentions=attentions,
         )
 
-    def _position_keys(self, layer_idx, key_length, position_embedding, cache):
-        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... -1 or lower (attn_type 0 only).
+    @staticmethod
+    def _lowest_distance(query_length, key_length) -> int:
+        """The lowest relative distance attn_type 0's position keys list: -1, read only for masked (future) keys
+        (see relative_shift), and for a segment of concrete length a few more, so that the position scores' rows
+        are a multiple of 8 long: matrix-product kernels store aligned rows faster. A decoding step's single row
+        keeps -1 (its cached table then serves every step), and so do symbolic lengths (torch.export: no guard)."""
+        if isinstance(query_length, int) and isinstance(key_length, int) and query_length > 1:
+            return -1 - (-(key_length + 1)) % 8
+        return -1
+
+    def _position_keys(self, layer_idx, key_length, lowest, position_embedding, cache):
+        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... `lowest` (attn_type 0 only).
 
         With a cache whose projections are reusable, they come from its stored table: a step slices, not projects.
         """
@@ -787,9 +795,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
         return cache.position_keys(
             layer_idx,
-            key_length + 1,
-            -1,
-            lambda span: attention.project_positions(self._position_embedding(span - 2, -1, dtype, device)),
+            key_length - lowest,
+            lowest,
+            lambda span: attention.project_positions(self._position_embedding(lowest + span - 1, lowest, dtype, device)),
         )
 
 
