@@ -374,3 +374,153 @@ class MemoryCache(Cache):
 
     def __repr__(self):
         return f"MemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"
+
+
+class RingLayer:
+    """One layer's memory in a `StaticMemoryCache`: `mem_len + 1` slots, position p in slot p % (mem_len + 1), so
+    that a step writes its token over the position that has just left the memory and attends to every slot.
+    hidden [B, R, d], keys / values [B, H, R, D]; `position_keys` [H, R, D] are the layer's projected relative
+    position keys for distances R-1 ... 0. `slot` ([1], shared with the cache) is where the current step writes."""
+
+    def __init__(self, hidden, keys, values, position_keys, slot):
+        self.hidden, self.keys, self.values, self.position_keys, self.slot = hidden, keys, values, position_keys, slot
+
+    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
+        """Write the step's keys and values into its slot; -> the whole buffers (slot order)."""
+        self.keys.index_copy_(2, self.slot, new_keys)
+        self.values.index_copy_(2, self.slot, new_values)
+        return self.keys, self.values
+
+    def map_batch(self, fn):
+        """Apply `fn` to every batch-first buffer, in place (the buffers keep their addresses: compiled steps and
+        CUDA graphs read them there)."""
+        for buffer in (self.hidden, self.keys, self.values):
+            buffer.copy_(fn(buffer))
+
+
+class StaticMemoryCache(MemoryCache):
+    """A `MemoryCache` whose decoding steps all have the same shapes, so that they can be compiled (and captured
+    as CUDA graphs): `generate(..., cache_implementation="static")`.
+
+    The prompt runs as with a `MemoryCache`; `start_ring` then moves its memory into fixed buffers of `mem_len + 1`
+    slots per layer (`RingLayer`). A step writes its token's hidden state, keys and values into slot
+    `position % (mem_len + 1)`, over the position that has just left the memory, and attends to every slot: the
+    slots' distances to the new token (`slot_distances`) index the relative position scores, and the mask hides
+    the slots not written yet and the padding (`attendable`). The counters are 0-d tensors updated in place (data,
+    not shape), so that nothing the step reads from Python changes between steps.
+    """
+
+    def __init__(self, num_layers: int, mem_len: int):
+        if not mem_len or mem_len < 1:
+            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len >= 1).")
+        super().__init__(num_layers, mem_len)
+        self.ring = False  # True once `start_ring` has moved the memory into the slots
+
+    def start_ring(self, position_keys, attendable: torch.Tensor):
+        """Move the memory (each layer's hidden states with their keys and values) into the slots.
+
+        `position_keys`: one [H, R, D] table per layer (distances R-1 ... 0); `attendable` [B, m]: whether each
+        memory position may be attended (False for padding)."""
+        held, slots_count = self.layers[0].hidden.shape[1], self.mem_len + 1
+        oldest = self.seen_tokens - held  # (negative for `mems` given or zero slots before the first token)
+        device = self.layers[0].hidden.device
+        slots = torch.arange(oldest, self.seen_tokens, device=device).remainder(slots_count)
+        self.position = torch.tensor(self.seen_tokens, device=device)  # the position the next step writes
+        self.oldest = torch.tensor(oldest, device=device)
+        self.slot = self.position.remainder(slots_count).view(1)
+
+        def ring(tensor, axis):
+            shape = list(tensor.shape)
+            shape[axis] = slots_count
+            return tensor.new_zeros(shape).index_copy_(axis, slots, tensor)
+
+        self.attendable = ring(attendable, 1)
+        self.layers = [
+            RingLayer(ring(layer.hidden, 1), ring(layer.keys, 2), ring(layer.values, 2), table, self.slot)
+            for layer, table in zip(self.layers, position_keys)
+        ]
+        self.ring = True
+        for layer in self.layers:
+            for buffer in (layer.hidden, layer.keys, layer.values):
+                torch._dynamo.mark_static_address(buffer)
+        for buffer in (self.attendable, self.position, self.oldest, self.slot):
+            torch._dynamo.mark_static_address(buffer)
+
+    def slot_distances(self) -> torch.Tensor:
+        """[R] distance from the current step's token to the position each slot holds: (position - slot) mod R."""
+        slots = torch.arange(self.mem_len + 1, device=self.position.device)
+        return (self.position - slots).remainder(self.mem_len + 1)
+
+    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
+        """A step's layer input into its slot (its keys and values are already there, see `RingLayer`); before
+        `start_ring`, `MemoryCache.store`."""
+        if not self.ring:
+            return super().store(layer_idx, new_hidden, keys, values)
+        self.layers[layer_idx].hidden.index_copy_(1, self.slot, new_hidden.detach())
+
+    def mark_attendable(self, attendable: torch.Tensor):
+        """Whether the current step's token may be attended ([B, 1] bool; False for padding)."""
+        self.attendable.index_copy_(1, self.slot, attendable)
+
+    def advance(self):
+        """End of a step: move to the next position."""
+        self.position.add_(1)
+        self.slot.copy_(self.position.remainder(self.mem_len + 1))
+
+    @property
+    def mems(self):
+        """The legacy view, oldest position first (before `start_ring`, `MemoryCache.mems`). Reading it from the
+        slots syncs with the device: it is for inspection, not for the decoding loop."""
+        if not self.ring:
+            return super().mems
+        held = min(int(self.position - self.oldest), self.mem_len)
+        order = torch.arange(int(self.position) - held, int(self.position), device=self.position.device)
+        order = order.remainder(self.mem_len + 1)
+        return tuple(layer.hidden.index_select(1, order).transpose(0, 1) for layer in self.layers)
+
+    @property
+    def batch_size(self) -> int:
+        return self.layers[0].hidden.shape[0] if self.ring else super().batch_size
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens consumed (a host sync once the slots are in use: not called by the decoding step)."""
+        return int(self.position) if self.ring else self.seen_tokens
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        if self.ring:
+            self.attendable.copy_(self.attendable.index_select(0, beam_idx.to(self.attendable.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._only_before_ring("batch_repeat_interleave")
+        super().batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        self._only_before_ring("batch_select_indices")
+        super().batch_select_indices(indices)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._only_before_ring("crop")
+        super().crop(tokens_to_remove)
+
+    def _only_before_ring(self, operation: str):
+        if self.ring:
+            raise ValueError(
+                f"StaticMemoryCache.{operation}: the static cache's slots have a fixed batch and length once decoding "
+                "has started; use the default cache (MemoryCache) for assisted decoding or a changing batch."
+            )
+
+    def reset(self):
+        super().reset()
+        self.ring = False
+
+    @property
+    def is_croppable(self) -> bool:
+        return not self.ring and super().is_croppable
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+    def __repr__(self):
+        return f"StaticMemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, ring={self.ring})"

@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
-from .memory_cache import MemoryCache, MemoryLayer, key_values_over
+from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
@@ -387,6 +387,14 @@ class TransfoXLAttention(nn.Module):
             return relative_shift(F.pad(scores * self.scale, (0, 1)), key_length, offset)
         return None
 
+    def _slot_position_scores(self, query, position_keys, slot_distances, r_r_bias):
+        """Terms (b)+(d) of a static cache's step (attn_type 0): the one query scored against every distance
+        R-1 ... 0 of `position_keys` [H, R, D], then taken per key slot by its distance (`slot_distances` [R]):
+        the ring buffer's keys are in slot order, not in distance order, so this replaces the relative shift."""
+        position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
+        by_distance = torch.einsum("bhqd,hrd->bhqr", position_query, position_keys.to(query.dtype))
+        return by_distance.index_select(-1, by_distance.shape[-1] - 1 - slot_distances)
+
     def forward(
         self,
         hidden: torch.Tensor,
@@ -396,13 +404,15 @@ class TransfoXLAttention(nn.Module):
         mask: torch.Tensor,
         biases: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False,
+        slot_distances: torch.Tensor | None = None,
     ):
         """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)).
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
         depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The
         returned keys / values cover [memory; segment]. `mask` [B or 1, 1, q, k]: True where query i may not
-        attend key j. `output_attentions` computes the probabilities, with the "eager" implementation."""
+        attend key j. `output_attentions` computes the probabilities, with the "eager" implementation.
+        `slot_distances` [k]: a static cache's step (see `StaticMemoryCache`), the distance of each key slot."""
         batch_size, query_length = hidden.shape[:2]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
         query, key, value = map(self._heads, self.qkv_net(normed).chunk(3, dim=-1))
@@ -415,7 +425,10 @@ class TransfoXLAttention(nn.Module):
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
         # Every score term but (a)+(c), with the mask folded in: the lowest value where a key may not be attended
-        position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
+        if slot_distances is not None:
+            position_scores = self._slot_position_scores(query, position_keys, slot_distances, r_r_bias)
+        else:
+            position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
         if position_scores is None:
             position_scores = torch.zeros((), dtype=query.dtype, device=query.device)
         position_bias = torch.where(mask, torch.finfo(query.dtype).min, position_scores)
@@ -498,12 +511,13 @@ class TransfoXLLayer(GradientCheckpointingLayer):
         mask=None,
         biases=None,
         output_attentions=False,
+        slot_distances=None,
     ):
         if hasattr(self, "r_emb"):
             hidden, memory = self._add_absolute_positions(hidden, memory)
             cached_memory = None  # the memory's keys depend on this segment's position offsets
         output, probs, key_values = self.dec_attn(
-            hidden, memory, cached_memory, position_keys, mask, biases, output_attentions
+            hidden, memory, cached_memory, position_keys, mask, biases, output_attentions, slot_distances
         )
         return self.pos_ff(output), probs, key_values
 
@@ -706,16 +720,28 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         # The memory and the mask are resolved (and checked) before any computation, in the embeddings' dtype.
         hidden_like = inputs_embeds if inputs_embeds is not None else next(self.word_emb.parameters())
         dtype, device = hidden_like.dtype, hidden_like.device
-        cache = self._memory(cache, mems, batch_size, dtype, device)
-        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
-        key_length = memory_length + query_length
-        mask = self._attention_mask(query_length, memory_length, attention_mask, device)
-        if input_ids is not None:
-            inputs_embeds = self.word_emb(input_ids)
-        biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen (no
         # dropout, no gradient: with gradients, W_k and W_v must see the memory again).
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
+        static = isinstance(cache, StaticMemoryCache)
+        if static:
+            self._check_static_cache(cache, mems, reuse_projections, batch_size, query_length, dtype, device)
+        slot_distances = None  # (a static cache's step: every key slot's distance, see StaticMemoryCache)
+        if static and cache.ring:
+            slot_distances = cache.slot_distances()
+            memory_length, key_length = config.mem_len, config.mem_len + 1
+            step_attendable = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
+            if attention_mask is not None:
+                step_attendable = attention_mask[:, -1:].bool()
+            mask = self._slot_mask(cache, slot_distances, step_attendable)
+        else:
+            cache = self._memory(cache, mems, batch_size, dtype, device)
+            memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
+            key_length = memory_length + query_length
+            mask = self._attention_mask(query_length, memory_length, attention_mask, device)
+        if input_ids is not None:
+            inputs_embeds = self.word_emb(input_ids)
+        biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         position_embedding = None  # (projected once per forward for every layer, or read from the cache's table)
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
             lowest = -1 if config.attn_type == 0 else 0
@@ -730,21 +756,28 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         layer_inputs, all_attentions = [], []
         for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
-            memory = cache.memory(i)
+            memory = None if slot_distances is not None else cache.memory(i)
             if config.attn_type == 2 and i == 0 and memory_length:
                 memory = memory + position_embedding[:memory_length]
+            if slot_distances is not None:
+                position_keys = cache.layers[i].position_keys
+            else:
+                position_keys = self._position_keys(i, key_length, position_embedding, cache if reuse_projections else None)
             output, probs, (key, value) = layer(
                 hidden,
                 memory=memory,
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
-                position_keys=self._position_keys(i, key_length, position_embedding, cache if reuse_projections else None),
+                position_keys=position_keys,
                 mask=mask,
                 biases=biases,
                 output_attentions=output_attentions,
+                slot_distances=slot_distances,
             )
             if config.mem_len > 0:
                 remembered = unpositioned if i == 0 else hidden
-                if reuse_projections:
+                if slot_distances is not None:
+                    cache.store(i, remembered)  # (its keys and values are in their slot already)
+                elif reuse_projections:
                     end = memory_length + kept
                     cache.store(i, remembered[:, :kept], key[:, :, :end], value[:, :, :end])
                 else:
@@ -752,20 +785,83 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             hidden = output
             all_attentions.append(probs)
         hidden = self.drop(hidden)
+        if slot_distances is not None:
+            cache.advance()
+        elif static:  # the prompt has run: its memory moves into the static slots
+            self._start_ring(cache, attention_mask, dtype, device)
 
         hidden_states = tuple(layer_inputs) + (hidden,) if output_hidden_states else None
         attentions = tuple(all_attentions) if output_attentions else None
         returned_cache = cache if use_cache else None
+        # (a static cache's legacy `mems` are read from its slots on demand, `cache.mems`: not at every step)
+        new_mems = None if static else cache.mems
         if not return_dict:
-            fields = (hidden, cache.mems, returned_cache, hidden_states, attentions)
+            fields = (hidden, new_mems, returned_cache, hidden_states, attentions)
             return tuple(v for v in fields if v is not None)
         return TransfoXLModelOutput(
             last_hidden_state=hidden,
-            mems=cache.mems,
+            mems=new_mems,
             cache=returned_cache,
             hidden_states=hidden_states,
             attentions=attentions,
         )
+
+    def _check_static_cache(self, cache, mems, reuse_projections, batch_size, query_length, dtype, device):
+        """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
+        config = self.config
+        if config.attn_type != 0 or config.ext_len or cache.mem_len != config.mem_len:
+            raise ValueError(
+                f"TransfoXLModel: the static cache supports attn_type 0 with ext_len 0 and the model's mem_len "
+                f"({config.mem_len}); got attn_type {config.attn_type}, ext_len {config.ext_len}, cache mem_len "
+                f"{cache.mem_len}. Use the default cache (MemoryCache)."
+            )
+        if not reuse_projections:
+            raise ValueError(
+                "TransfoXLModel: the static cache decodes in eval mode without gradients (model.eval(), "
+                "torch.no_grad(), as generate() runs); use the default cache (MemoryCache) otherwise."
+            )
+        if not cache.ring:
+            return
+        if mems is not None or query_length != 1:
+            raise ValueError(
+                f"TransfoXLModel: a static cache that holds a prompt takes one new token per step and no `mems`; got "
+                f"{query_length} tokens{' and `mems`' if mems is not None else ''}. Start a new cache for a new prompt."
+            )
+        hidden = cache.layers[0].hidden
+        if (hidden.shape[0], hidden.dtype, hidden.device) != (batch_size, dtype, torch.device(device)):
+            raise ValueError(
+                f"TransfoXLModel: the static cache holds batch {hidden.shape[0]} in {hidden.dtype} on {hidden.device};"
+                f" got batch {batch_size} in {dtype} on {device}."
+            )
+
+    def _slot_mask(self, cache, slot_distances, step_attendable):
+        """A static cache step's mask [B, 1, 1, R] (True = may not attend): the slots not written yet, padding
+        (`cache.attendable`, this step's token from `step_attendable` [B, 1]) and, with `same_length`, the keys
+        beyond the span `_attention_mask` gives one query."""
+        config = self.config
+        held = cache.position - cache.oldest  # positions before this step's token
+        masked = slot_distances > held  # (distance d holds position - d, written only from `oldest` on)
+        if config.same_length:
+            memory_length = held.clamp(max=config.mem_len)
+            span = config.same_length_span
+            if span is None:  # (`_attention_mask`'s legacy span for one query)
+                span = 1 - (memory_length + 1 - config.mem_len).clamp(min=0)
+            masked = masked | (slot_distances >= memory_length + span)
+        cache.mark_attendable(step_attendable)
+        return masked[None, None, None, :] | ~cache.attendable[:, None, None, :]
+
+    def _start_ring(self, cache, attention_mask, dtype, device):
+        """After the prompt: move the static cache's memory into its slots, with each layer's position keys for
+        the distances mem_len ... 0 and which memory positions are padding (`attention_mask`'s columns for them;
+        positions before its first column are attended, as in `_attention_mask`)."""
+        held = cache.memory(0).shape[1]
+        attendable = torch.ones(cache.batch_size, held, dtype=torch.bool, device=device)
+        if attention_mask is not None:
+            columns = attention_mask.bool()[:, -held:]
+            attendable[:, held - columns.shape[1] :] = columns
+        distances = self._position_embedding(self.config.mem_len, 0, dtype, device)
+        tables = [layer.dec_attn.project_positions(distances) for layer in self.layers]
+        cache.start_ring(tables, attendable)
 
     def _position_keys(self, layer_idx, key_length, position_embedding, cache):
         """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... -1 (attn_type 0 only).
@@ -922,18 +1018,32 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
         """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
         it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
-        cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_length)
+        cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`.
+        `cache_implementation="static"` gives a StaticMemoryCache, whose steps generate() can compile."""
+        static = generation_config.cache_implementation == "static"
+        if static:  # (transformers would ignore it with a warning: the memory is not its key/value cache)
+            if model_kwargs.get("cache") is not None:
+                raise ValueError("TransfoXLLMHeadModel.generate: pass `cache_implementation` or `cache`, not both.")
+            if generation_config.is_assistant or generation_config.prefill_chunk_size is not None:
+                raise ValueError(
+                    "TransfoXLLMHeadModel.generate: the static cache takes the prompt whole and then one token per "
+                    "step; use the default cache for assisted decoding and `prefill_chunk_size`."
+                )
+        else:
+            super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, batch_size, max_length
+            )
         mems = model_kwargs.pop("mems", None)
         if model_kwargs.get("cache") is not None:
             if mems is not None:
                 raise ValueError("TransfoXLLMHeadModel.generate: pass the memory as `cache` or as `mems`, not both.")
             return
         expanded = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+        cache_class = StaticMemoryCache if static and generation_config.use_cache is not False else MemoryCache
         cache = (
-            MemoryCache(self.config.n_layer, self.config.mem_len)
+            cache_class(self.config.n_layer, self.config.mem_len)
             if mems is None
-            else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=expanded)
+            else cache_class.from_mems(mems, self.config.mem_len, batch_size=expanded)
         )
         if generation_config.use_cache is False:
             if cache.mems is not None:
@@ -945,8 +1055,19 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, tokenizer=None, **kwargs):
         """transformers' inputs: only the tokens the memory has not seen (or the prompt's `inputs_embeds`), every
-        other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along."""
-        return super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+        other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along.
+        A static cache's step gets the last column of `attention_mask` only (its token's), so that every step
+        has the same shapes."""
+        inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+        cache, attention_mask = inputs.get("cache"), inputs.get("attention_mask")
+        if isinstance(cache, StaticMemoryCache) and cache.ring and attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -1:].clone(memory_format=torch.contiguous_format)
+        return inputs
+
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """generate() asks a compileable cache's model for a 4-D mask over the cache; the model builds its own mask
+        from the 2-D one (see `TransfoXLModel._attention_mask` and `_slot_mask`)."""
+        return attention_mask
 
     def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None):
         """transformers' criteria, with `stop_strings` matched by `WordLevelStopStringCriteria`: transformers' own
