@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
-from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
+from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
@@ -298,6 +298,119 @@ def loss_per_target(total: torch.Tensor, count) -> torch.Tensor:
     if torch.is_tensor(count):
         return total / count.to(total.device).clamp(min=1)
     return total / max(count, 1)
+
+
+class RingLayer:
+    """A `StaticMemoryCache` layer: R = mem_len + 1 slots, position p in slot p % R (a step overwrites the position
+    that has just left the memory). hidden [B, R, d], keys / values [B, H, R, D], `position_keys` [H, R, D] for
+    distances R-1 ... 0; `slot` ([1], the cache's) is where the current step writes."""
+
+    def __init__(self, hidden, keys, values, position_keys, slot):
+        self.hidden, self.keys, self.values, self.position_keys, self.slot = hidden, keys, values, position_keys, slot
+
+    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
+        self.keys.index_copy_(2, self.slot, new_keys)
+        self.values.index_copy_(2, self.slot, new_values)
+        return self.keys, self.values
+
+    def map_batch(self, fn):
+        """In place: the buffers keep their addresses (compiled steps and CUDA graphs read them there)."""
+        for buffer in (self.hidden, self.keys, self.values):
+            buffer.copy_(fn(buffer))
+
+
+class StaticMemoryCache(MemoryCache):
+    """A `MemoryCache` whose decoding steps all have the same shapes, so that generate() can compile them
+    (`cache_implementation="static"`). The prompt runs as with a `MemoryCache`; `start_ring` then moves the memory
+    into fixed slots (`RingLayer`). A step attends to every slot: the slots' distances to its token
+    (`slot_distances`) index the position scores, the mask hides slots not yet written and padding (`attendable`
+    [B, R]). The counters are 0-d tensors updated in place: data, not shapes or Python numbers."""
+
+    def __init__(self, num_layers: int, mem_len: int):
+        if not mem_len or mem_len < 1:
+            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len >= 1).")
+        super().__init__(num_layers, mem_len)
+        self.ring = False
+
+    def start_ring(self, position_keys, attendable: torch.Tensor):
+        """Move each layer's memory and its keys / values into the slots; `position_keys`: one [H, R, D] table per
+        layer; `attendable` [B, m]: False for padding."""
+        held, count = self.layers[0].hidden.shape[1], self.mem_len + 1
+        device = attendable.device
+        self.oldest = torch.tensor(self.seen_tokens - held, device=device)  # (< 0 after `mems` or zero slots)
+        self.position = torch.tensor(self.seen_tokens, device=device)  # what the next step writes
+        self.slot = self.position.remainder(count).view(1)
+        slots = torch.arange(self.seen_tokens - held, self.seen_tokens, device=device).remainder(count)
+
+        def ring(tensor, axis):
+            shape = list(tensor.shape)
+            shape[axis] = count
+            buffer = tensor.new_zeros(shape).index_copy_(axis, slots, tensor)
+            torch._dynamo.mark_static_address(buffer)
+            return buffer
+
+        self.attendable = ring(attendable, 1)
+        self.layers = [
+            RingLayer(ring(layer.hidden, 1), ring(layer.keys, 2), ring(layer.values, 2), table, self.slot)
+            for layer, table in zip(self.layers, position_keys)
+        ]
+        for counter in (self.position, self.oldest, self.slot):
+            torch._dynamo.mark_static_address(counter)
+        self.ring = True
+
+    def slot_distances(self) -> torch.Tensor:
+        """[R] (position - slot) mod R: how far before the current step's token each slot's position is."""
+        return (self.position - torch.arange(self.mem_len + 1, device=self.position.device)).remainder(self.mem_len + 1)
+
+    def mark_attendable(self, attendable: torch.Tensor):
+        self.attendable.index_copy_(1, self.slot, attendable)
+
+    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
+        if not self.ring:
+            return super().store(layer_idx, new_hidden, keys, values)
+        self.layers[layer_idx].hidden.index_copy_(1, self.slot, new_hidden.detach())  # (keys: `key_values_with`)
+
+    def advance(self):
+        self.position.add_(1)
+        self.slot.copy_(self.position.remainder(self.mem_len + 1))
+
+    @property
+    def mems(self):
+        """The legacy view, oldest first; from the slots it syncs with the device (for inspection only)."""
+        if not self.ring:
+            return super().mems
+        end = int(self.position)
+        order = torch.arange(end - min(end - int(self.oldest), self.mem_len), end).remainder(self.mem_len + 1)
+        return tuple(layer.hidden[:, order.to(layer.hidden.device)].transpose(0, 1) for layer in self.layers)
+
+    @property
+    def batch_size(self) -> int:
+        return self.layers[0].hidden.shape[0] if self.ring else super().batch_size
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.position) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        if self.ring:
+            self.attendable.copy_(self.attendable.index_select(0, beam_idx.to(self.attendable.device)))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.ring:
+            raise ValueError("StaticMemoryCache.crop: decoding has started; the default cache (MemoryCache) crops.")
+        super().crop(tokens_to_remove)
+
+    def reset(self):
+        super().reset()
+        self.ring = False
+
+    @property
+    def is_croppable(self) -> bool:
+        return not self.ring and super().is_croppable
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
 
 
 class TransfoXLPositionalEmbedding(nn.Module):
@@ -725,7 +838,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
         static = isinstance(cache, StaticMemoryCache)
         if static:
-            self._check_static_cache(cache, mems, reuse_projections, batch_size, query_length, dtype, device)
+            self._check_static_cache(cache, mems, reuse_projections, batch_size, query_length, dtype)
         slot_distances = None  # (a static cache's step: every key slot's distance, see StaticMemoryCache)
         if static and cache.ring:
             slot_distances = cache.slot_distances()
@@ -806,33 +919,20 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             attentions=attentions,
         )
 
-    def _check_static_cache(self, cache, mems, reuse_projections, batch_size, query_length, dtype, device):
+    def _check_static_cache(self, cache, mems, reuse_projections, batch_size, query_length, dtype):
         """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
         config = self.config
+        problem = None
         if config.attn_type != 0 or config.ext_len or cache.mem_len != config.mem_len:
-            raise ValueError(
-                f"TransfoXLModel: the static cache supports attn_type 0 with ext_len 0 and the model's mem_len "
-                f"({config.mem_len}); got attn_type {config.attn_type}, ext_len {config.ext_len}, cache mem_len "
-                f"{cache.mem_len}. Use the default cache (MemoryCache)."
-            )
-        if not reuse_projections:
-            raise ValueError(
-                "TransfoXLModel: the static cache decodes in eval mode without gradients (model.eval(), "
-                "torch.no_grad(), as generate() runs); use the default cache (MemoryCache) otherwise."
-            )
-        if not cache.ring:
-            return
-        if mems is not None or query_length != 1:
-            raise ValueError(
-                f"TransfoXLModel: a static cache that holds a prompt takes one new token per step and no `mems`; got "
-                f"{query_length} tokens{' and `mems`' if mems is not None else ''}. Start a new cache for a new prompt."
-            )
-        hidden = cache.layers[0].hidden
-        if (hidden.shape[0], hidden.dtype, hidden.device) != (batch_size, dtype, torch.device(device)):
-            raise ValueError(
-                f"TransfoXLModel: the static cache holds batch {hidden.shape[0]} in {hidden.dtype} on {hidden.device};"
-                f" got batch {batch_size} in {dtype} on {device}."
-            )
+            problem = f"supports attn_type 0, ext_len 0, mem_len {config.mem_len} (the model's) only"
+        elif not reuse_projections:
+            problem = "decodes in eval mode under torch.no_grad() (as generate() does)"
+        elif cache.ring and (mems is not None or query_length != 1):
+            problem = f"takes one token per step after the prompt, no `mems`; got {query_length} tokens"
+        elif cache.ring and (cache.batch_size, cache.layers[0].hidden.dtype) != (batch_size, dtype):
+            problem = f"holds batch {cache.batch_size} in {cache.layers[0].hidden.dtype}; got {batch_size} in {dtype}"
+        if problem:
+            raise ValueError(f"TransfoXLModel: the static cache {problem}; else use the default cache (MemoryCache).")
 
     def _slot_mask(self, cache, slot_distances, step_attendable):
         """A static cache step's mask [B, 1, 1, R] (True = may not attend): the slots not written yet, padding
@@ -1020,19 +1120,11 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
         cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`.
         `cache_implementation="static"` gives a StaticMemoryCache, whose steps generate() can compile."""
-        static = generation_config.cache_implementation == "static"
-        if static:  # (transformers would ignore it with a warning: the memory is not its key/value cache)
-            if model_kwargs.get("cache") is not None:
-                raise ValueError("TransfoXLLMHeadModel.generate: pass `cache_implementation` or `cache`, not both.")
-            if generation_config.is_assistant or generation_config.prefill_chunk_size is not None:
-                raise ValueError(
-                    "TransfoXLLMHeadModel.generate: the static cache takes the prompt whole and then one token per "
-                    "step; use the default cache for assisted decoding and `prefill_chunk_size`."
-                )
-        else:
-            super()._prepare_cache_for_generation(
-                generation_config, model_kwargs, generation_mode, batch_size, max_length
-            )
+        static = generation_config.cache_implementation == "static"  # (which transformers would ignore for us)
+        if static and model_kwargs.get("cache") is not None:
+            raise ValueError("TransfoXLLMHeadModel.generate: pass `cache_implementation` or `cache`, not both.")
+        if not static:
+            super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_length)
         mems = model_kwargs.pop("mems", None)
         if model_kwargs.get("cache") is not None:
             if mems is not None:
@@ -1056,8 +1148,7 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, tokenizer=None, **kwargs):
         """transformers' inputs: only the tokens the memory has not seen (or the prompt's `inputs_embeds`), every
         other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along.
-        A static cache's step gets the last column of `attention_mask` only (its token's), so that every step
-        has the same shapes."""
+        A static cache's step gets `attention_mask`'s last column only: the same shapes at every step."""
         inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
         cache, attention_mask = inputs.get("cache"), inputs.get("attention_mask")
         if isinstance(cache, StaticMemoryCache) and cache.ring and attention_mask is not None:
@@ -1065,8 +1156,7 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return inputs
 
     def create_masks_for_generate(self, attention_mask=None, **kwargs):
-        """generate() asks a compileable cache's model for a 4-D mask over the cache; the model builds its own mask
-        from the 2-D one (see `TransfoXLModel._attention_mask` and `_slot_mask`)."""
+        """generate()'s 4-D mask for a compileable cache: ours stays 2-D (see `TransfoXLModel._slot_mask`)."""
         return attention_mask
 
     def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None):
