@@ -130,7 +130,8 @@ def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
 
 def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation():
     """generate() compiles the step as for transformers' own models (`compile_config`; on CPU only with
-    `_compile_all_devices`): one graph for every step, both prompt lengths and a wrapped-around memory."""
+    `_compile_all_devices`): one graph for every step of 256 tokens and of another prompt length, the memory
+    wrapping around the slots many times."""
     from torch._dynamo.utils import counters
 
     model = scrambled_lm(mem_len=MEM_LEN, same_length=True)
@@ -138,14 +139,14 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
     config._compile_all_devices = True
     torch._dynamo.reset()
     counters.clear()
-    for length in (5, 2 * MEM_LEN + 1):
+    for length, new_tokens in ((5, 256), (2 * MEM_LEN + 1, 3 * MEM_LEN)):
         ids = prompt(2, length)
         default = model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=3 * MEM_LEN,
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
             return_dict_in_generate=True, output_scores=True,
         )  # fmt: skip
         compiled = model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=3 * MEM_LEN,
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
             cache_implementation="static", compile_config=config, return_dict_in_generate=True, output_scores=True,
         )  # fmt: skip
         assert_greedy_decodings_agree(
