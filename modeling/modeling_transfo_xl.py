@@ -383,10 +383,6 @@ class StaticMemoryCache(MemoryCache):
         order = torch.arange(end - min(end - int(self.oldest), self.mem_len), end).remainder(self.mem_len + 1)
         return tuple(layer.hidden[:, order.to(layer.hidden.device)].transpose(0, 1) for layer in self.layers)
 
-    @property
-    def batch_size(self) -> int:
-        return self.layers[0].hidden.shape[0] if self.ring else super().batch_size
-
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.position) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
 
@@ -842,7 +838,6 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         slot_distances = None  # (a static cache's step: every key slot's distance, see StaticMemoryCache)
         if static and cache.ring:
             slot_distances = cache.slot_distances()
-            memory_length, key_length = config.mem_len, config.mem_len + 1
             step_attendable = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
             if attention_mask is not None:
                 step_attendable = attention_mask[:, -1:].bool()

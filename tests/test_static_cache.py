@@ -44,6 +44,7 @@ def test_greedy_equals_the_default_cache_while_the_memory_fills_and_wraps_around
     assert_greedy_decodings_agree(static.sequences, static.scores, default.sequences, default.scores, atol=TOLERANCE)
     for ours, expected in zip(static.cache.mems, default.cache.mems):  # the memory itself, oldest first
         torch.testing.assert_close(ours, expected, atol=TOLERANCE, rtol=0)
+    assert static.cache.get_seq_length() == default.cache.get_seq_length() == prompt_length + 39
 
 
 def test_256_greedy_tokens_equal_the_default_caches():
@@ -120,8 +121,12 @@ def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
             model(ids, cache=cache)
         with pytest.raises(ValueError, match="holds batch 1 in torch.float32; got 2"):
             model(prompt(2, 1), cache=cache)
+    assert not cache.is_croppable
     with pytest.raises(ValueError, match="decoding has started"):
         cache.crop(-1)
+    cache.reset()  # (an empty cache again, for a new prompt)
+    with torch.no_grad():
+        assert not cache.ring and model(prompt(2, 3), cache=cache).logits.shape == (2, 3, 90)
     with pytest.raises(ValueError, match="needs a memory"):
         StaticMemoryCache(2, 0)
     with pytest.raises(ValueError, match="`cache_implementation` or `cache`, not both"):
