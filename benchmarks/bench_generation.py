@@ -233,6 +233,45 @@ def bench_transfo_xl(prompts, rounds, legacy_python, config=CONFIG, new_tokens=1
     return results, same
 
 
+def compile_config(device):
+    """generate()'s compilation of a static cache's step, as for transformers' own models: CUDA graphs on a GPU
+    ("reduce-overhead"), inductor's default kernels elsewhere (transformers compiles on a CPU only when the config
+    asks for it: `_compile_all_devices`). One graph, no break, the same shapes at every step."""
+    from transformers import CompileConfig
+
+    mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+    config = CompileConfig(fullgraph=True, dynamic=False, mode=mode)
+    config._compile_all_devices = True
+    return config
+
+
+def bench_static(config, prompt_len, rounds, new_tokens=12, device="cpu", dtype=torch.float32,
+                 attn_implementation="sdpa", compiled=True):  # fmt: skip
+    """Transformer-XL (random weights from seed 0, in `dtype`): ours with the static cache and (`compiled`)
+    generate()'s compiled step against ours eager with the default cache, alternating. Returns ({"static": [seconds
+    per token], "eager": [...]}, seconds of the first static call (3 new tokens: the prompt, the compilation, two
+    steps), whether both give the same 8 greedy tokens)."""
+    from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
+
+    torch.manual_seed(0)
+    attention = attention_implementation(TransfoXLLMHeadModel, attn_implementation)
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**config, attn_implementation=attention)).eval().to(device, dtype)
+    eager = make_generate(model, True, attention_mask=None)
+    static = make_generate(
+        model, True, attention_mask=None, cache_implementation="static",
+        compile_config=compile_config(device) if compiled else None,
+    )  # fmt: skip
+    prompt = random_prompt(prompt_len, config["vocab_size"], device)
+    start = time.perf_counter()
+    static(prompt, 3)
+    synchronize(device)
+    first_call = time.perf_counter() - start
+    same = torch.equal(static(prompt, 8), eager(prompt, 8))
+    runs = {"static": lambda: seconds_per_token(static, prompt, new_tokens),
+            "eager": lambda: seconds_per_token(eager, prompt, new_tokens)}  # fmt: skip
+    return alternate(runs, rounds, warmup=0), first_call, same
+
+
 def streamed_weight_bytes(model) -> int:
     """Bytes of the weights a decoding step must read: every parameter once (tied ones once), except the input
     embedding's tables, of which a step reads one row (unless the output layer shares them), and the relative

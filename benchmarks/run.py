@@ -27,7 +27,9 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   reported, with their error, instead of stopping the run (the first configuration only);
 - `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references, and ours
   against the weight-streaming floor: the bytes of weights a decoding step must read (`streamed_weight_bytes`)
-  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`);
+  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`); then Transformer-XL's decoding with the
+  static cache and generate()'s compiled step against ours eager, fp32 and bf16, at the deploy workload's decoding
+  shapes (`measure_static_decoding`; on `--device cuda` the step runs as CUDA graphs, mode "reduce-overhead");
 - `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
   memory of the other half) against recomputing a sliding window for every token (the paper's evaluation
   speed-up), attention lengths 128 ... 1024, batch 1; a third side is `transformers-xl evaluate`'s loop
@@ -624,6 +626,35 @@ def measure_generation(run: Run):
                 {"ours": ours[model], "weight-streaming floor": [floor]},
                 weight_bytes=weight_bytes, gemv_bytes_per_second=run.gemv_bandwidth)  # fmt: skip
         print_row(run.rows[-1])
+    measure_static_decoding(run)
+
+
+def measure_static_decoding(run: Run):
+    """Transformer-XL decoding with the static cache and generate()'s compiled step against ours eager (default
+    cache), at the deploy workload's decoding shapes (mem_len 128, prompt 64; the issue configuration and
+    transfo-xl-wt103's shape, all its layers), fp32 and bf16 weights, with the first call's seconds (compilation
+    included) and the time over the weight-streaming floor. --quick: the tiny configuration, fp32, not compiled
+    (compiling takes seconds even there)."""
+    import bench_generation
+    import transformers_xl
+
+    cases = deploy_cases(run.args.quick)[:1] + ([] if run.args.quick else pretrained_decode_cases(False)[:1])
+    dtypes = [torch.float32] if run.args.quick else [torch.float32, torch.bfloat16]
+    prompt, new_tokens = (8, 4) if run.args.quick else (64, 12)
+    for case in cases:
+        model = transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**case.config))
+        fp32_bytes = bench_generation.streamed_weight_bytes(model)
+        del model
+        for dtype in dtypes:
+            sides, first_call, same = bench_generation.bench_static(
+                case.config, prompt, run.args.rounds, new_tokens, run.args.device, dtype, run.args.attn_implementation,
+                compiled=not run.args.quick,
+            )
+            weight_bytes = fp32_bytes * torch.finfo(dtype).bits // 32
+            run.add("static", case.name, "Transformer-XL", f"{str(dtype).removeprefix('torch.')}, prompt {prompt}",
+                    "s/token", sides, first_call_seconds=first_call, identical_tokens=same, compiled=not run.args.quick,
+                    floor_seconds=weight_bytes / run.gemv_bandwidth)  # fmt: skip
+            print_row(run.rows[-1])
 
 
 def generation_setup(run: Run):
@@ -811,6 +842,11 @@ SECTIONS = {
     "floor": ("Generation against the weight-streaming floor (weights a step reads / matrix-vector bandwidth): new "
               "tokens/s, median / best; ours' time over the floor's",
               ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token"]),
+    "static": ("Transformer-XL decoding, batch 1, with the static cache and generate()'s compiled step (inductor; CUDA "
+               "graphs on a GPU) against ours eager with the default cache: new tokens/s, median / best; speed-up; "
+               "static time over the weight-streaming floor; first static call (prompt, compilation, 2 steps)",
+               ["configuration", "model", "workload", "static", "eager", "speed-up", "static / floor",
+                "first call"]),
     "stream": ("Transformer-XL evaluation of a stream, batch 1: predicted tokens/s, median / best; memory's speed-up",
                ["configuration", "model", "attention", "with memory", "sliding window", "speed-up",
                 "`transformers-xl evaluate` (cache)", "its speed-up"]),
@@ -873,6 +909,11 @@ def markdown(run: Run) -> str:
                      f"{r:.2f}x" if r is not None else "-"]  # fmt: skip
             if section == "throughput":
                 cells.append(percent_of_peak(run, row))
+            if section == "static":
+                static = row["sides"]["static"]
+                measured = static["status"] == "measured" and row["floor_seconds"]
+                cells += [f"{static['median'] / row['floor_seconds']:.2f}x" if measured else "-",
+                          f"{row['first_call_seconds']:.1f} s" + ("" if row["compiled"] else " (not compiled)")]
             if section == "generation":  # Transformer-XL: ours recomputing the sequence at every step
                 cells.append(cell(sides[2][1], row) if len(sides) > 2 else "-")
             if section == "floor":

@@ -302,6 +302,115 @@ def loss_per_target(total: torch.Tensor, count) -> torch.Tensor:
     return total / max(count, 1)
 
 
+class RingLayer:
+    """A `StaticMemoryCache` layer: R = mem_len + 1 slots, position p in slot p % R (a step overwrites the position
+    that has just left the memory). hidden [B, R, d], keys / values [B, H, R, D], `position_keys` [H, R, D] for
+    distances R-1 ... 0; `slot` ([1], the cache's) is where the current step writes."""
+
+    def __init__(self, hidden, keys, values, position_keys, slot):
+        self.hidden, self.keys, self.values, self.position_keys, self.slot = hidden, keys, values, position_keys, slot
+
+    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
+        self.keys.index_copy_(2, self.slot, new_keys)
+        self.values.index_copy_(2, self.slot, new_values)
+        return self.keys, self.values
+
+    def map_batch(self, fn):
+        """In place: the buffers keep their addresses (compiled steps and CUDA graphs read them there)."""
+        for buffer in (self.hidden, self.keys, self.values):
+            buffer.copy_(fn(buffer))
+
+
+class StaticMemoryCache(MemoryCache):
+    """A `MemoryCache` whose decoding steps all have the same shapes, so that generate() can compile them
+    (`cache_implementation="static"`). The prompt runs as with a `MemoryCache`; `start_ring` then moves the memory
+    into fixed slots (`RingLayer`). A step attends to every slot: the slots' distances to its token
+    (`slot_distances`) index the position scores, the mask hides slots not yet written and padding (`attendable`
+    [B, R]). The counters are 0-d tensors updated in place: data, not shapes or Python numbers."""
+
+    def __init__(self, num_layers: int, mem_len: int):
+        if not mem_len or mem_len < 1:
+            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len >= 1).")
+        super().__init__(num_layers, mem_len)
+        self.ring = False
+
+    def start_ring(self, position_keys, attendable: torch.Tensor):
+        """Move each layer's memory and its keys / values into the slots; `position_keys`: one [H, R, D] table per
+        layer; `attendable` [B, m]: False for padding."""
+        held, count = self.layers[0].hidden.shape[1], self.mem_len + 1
+        device = attendable.device
+        self.oldest = torch.tensor(self.seen_tokens - held, device=device)  # (< 0 after `mems` or zero slots)
+        self.position = torch.tensor(self.seen_tokens, device=device)  # what the next step writes
+        self.slot = self.position.remainder(count).view(1)
+        slots = torch.arange(self.seen_tokens - held, self.seen_tokens, device=device).remainder(count)
+
+        def ring(tensor, axis):
+            shape = list(tensor.shape)
+            shape[axis] = count
+            buffer = tensor.new_zeros(shape).index_copy_(axis, slots, tensor)
+            torch._dynamo.mark_static_address(buffer)
+            return buffer
+
+        self.attendable = ring(attendable, 1)
+        self.layers = [
+            RingLayer(ring(layer.hidden, 1), ring(layer.keys, 2), ring(layer.values, 2), table, self.slot)
+            for layer, table in zip(self.layers, position_keys)
+        ]
+        for counter in (self.position, self.oldest, self.slot):
+            torch._dynamo.mark_static_address(counter)
+        self.ring = True
+
+    def slot_distances(self) -> torch.Tensor:
+        """[R] (position - slot) mod R: how far before the current step's token each slot's position is."""
+        return (self.position - torch.arange(self.mem_len + 1, device=self.position.device)).remainder(self.mem_len + 1)
+
+    def mark_attendable(self, attendable: torch.Tensor):
+        self.attendable.index_copy_(1, self.slot, attendable)
+
+    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
+        if not self.ring:
+            return super().store(layer_idx, new_hidden, keys, values)
+        self.layers[layer_idx].hidden.index_copy_(1, self.slot, new_hidden.detach())  # (keys: `key_values_with`)
+
+    def advance(self):
+        self.position.add_(1)
+        self.slot.copy_(self.position.remainder(self.mem_len + 1))
+
+    @property
+    def mems(self):
+        """The legacy view, oldest first; from the slots it syncs with the device (for inspection only)."""
+        if not self.ring:
+            return super().mems
+        end = int(self.position)
+        order = torch.arange(end - min(end - int(self.oldest), self.mem_len), end).remainder(self.mem_len + 1)
+        return tuple(layer.hidden[:, order.to(layer.hidden.device)].transpose(0, 1) for layer in self.layers)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.position) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        if self.ring:
+            self.attendable.copy_(self.attendable.index_select(0, beam_idx.to(self.attendable.device)))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.ring:
+            raise ValueError("StaticMemoryCache.crop: decoding has started; the default cache (MemoryCache) crops.")
+        super().crop(tokens_to_remove)
+
+    def reset(self):
+        super().reset()
+        self.ring = False
+
+    @property
+    def is_croppable(self) -> bool:
+        return not self.ring and super().is_croppable
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
 class TransfoXLPositionalEmbedding(nn.Module):
     """Sinusoid encodings of relative distances (Sec. 3.3: R is a sinusoid matrix without learnable parameters)."""
 
@@ -389,6 +498,14 @@ class TransfoXLAttention(nn.Module):
             return relative_shift(F.pad(scores * self.scale, (0, 1)), key_length, offset)
         return None
 
+    def _slot_position_scores(self, query, position_keys, slot_distances, r_r_bias):
+        """Terms (b)+(d) of a static cache's step (attn_type 0): the one query scored against every distance
+        R-1 ... 0 of `position_keys` [H, R, D], then taken per key slot by its distance (`slot_distances` [R]):
+        the ring buffer's keys are in slot order, not in distance order, so this replaces the relative shift."""
+        position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
+        by_distance = torch.einsum("bhqd,hrd->bhqr", position_query, position_keys.to(query.dtype))
+        return by_distance.index_select(-1, by_distance.shape[-1] - 1 - slot_distances)
+
     def forward(
         self,
         hidden: torch.Tensor,
@@ -398,13 +515,15 @@ class TransfoXLAttention(nn.Module):
         mask: torch.Tensor,
         biases: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False,
+        slot_distances: torch.Tensor | None = None,
     ):
         """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)).
 
         `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
         depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The
         returned keys / values cover [memory; segment]. `mask` [B or 1, 1, q, k]: True where query i may not
-        attend key j. `output_attentions` computes the probabilities, with the "eager" implementation."""
+        attend key j. `output_attentions` computes the probabilities, with the "eager" implementation.
+        `slot_distances` [k]: a static cache's step (see `StaticMemoryCache`), the distance of each key slot."""
         batch_size, query_length = hidden.shape[:2]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
         query, key, value = map(self._heads, self.qkv_net(normed).chunk(3, dim=-1))
@@ -418,12 +537,15 @@ class TransfoXLAttention(nn.Module):
             r_r_bias = self.r_r_bias
         # Every score term but (a)+(c), with the mask folded in: the lowest value where a key may not be attended
         # (written into the shifted scores, a view of their own fresh tensor: no copy of the [B, H, q, k] scores)
-        lowest = torch.finfo(query.dtype).min
-        position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
-        if position_scores is None:
-            position_bias = torch.where(mask, lowest, torch.zeros((), dtype=query.dtype, device=query.device))
+        masked_score = torch.finfo(query.dtype).min
+        if slot_distances is not None:
+            position_scores = self._slot_position_scores(query, position_keys, slot_distances, r_r_bias)
         else:
-            position_bias = position_scores.masked_fill_(mask, lowest)
+            position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
+        if position_scores is None:
+            position_bias = torch.where(mask, masked_score, torch.zeros((), dtype=query.dtype, device=query.device))
+        else:
+            position_bias = position_scores.masked_fill_(mask, masked_score)
         content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
 
         implementation = "eager" if output_attentions else self.config._attn_implementation
@@ -500,12 +622,13 @@ class TransfoXLLayer(GradientCheckpointingLayer):
         mask=None,
         biases=None,
         output_attentions=False,
+        slot_distances=None,
     ):
         if hasattr(self, "r_emb"):
             hidden, memory = self._add_absolute_positions(hidden, memory)
             cached_memory = None  # the memory's keys depend on this segment's position offsets
         output, probs, key_values = self.dec_attn(
-            hidden, memory, cached_memory, position_keys, mask, biases, output_attentions
+            hidden, memory, cached_memory, position_keys, mask, biases, output_attentions, slot_distances
         )
         return self.pos_ff(output), probs, key_values
 
@@ -708,18 +831,31 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         # The memory and the mask are resolved (and checked) before any computation, in the embeddings' dtype.
         hidden_like = inputs_embeds if inputs_embeds is not None else next(self.word_emb.parameters())
         dtype, device = hidden_like.dtype, hidden_like.device
-        cache = self._memory(cache, mems, batch_size, dtype, device)
-        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
-        key_length = memory_length + query_length
-        mask = self._attention_mask(query_length, memory_length, attention_mask, device)
-        if input_ids is not None:
-            inputs_embeds = self.word_emb(input_ids)
-        biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         # Memory keys / values are a fixed projection of the memory: reusable while the weights are frozen (no
         # dropout, no gradient: with gradients, W_k and W_v must see the memory again).
         reuse_projections = not self.training and not torch.is_grad_enabled() and config.attn_type in (0, 1)
+        static = isinstance(cache, StaticMemoryCache)
+        if static:
+            self._check_static_cache(cache, mems, reuse_projections, batch_size, query_length, dtype)
+        slot_distances = None  # (a static cache's step: every key slot's distance, see StaticMemoryCache)
+        if static and cache.ring:
+            slot_distances = cache.slot_distances()
+            step_attendable = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
+            if attention_mask is not None:
+                step_attendable = attention_mask[:, -1:].bool()
+            mask = self._slot_mask(cache, slot_distances, step_attendable)
+        else:
+            cache = self._memory(cache, mems, batch_size, dtype, device)
+            memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
+            key_length = memory_length + query_length
+            mask = self._attention_mask(query_length, memory_length, attention_mask, device)
+        if input_ids is not None:
+            inputs_embeds = self.word_emb(input_ids)
+        biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
         position_embedding = None  # (projected once per forward for every layer, or read from the cache's table)
-        lowest = 0 if config.attn_type == 2 else self._lowest_distance(query_length, key_length)
+        lowest = None  # (the lowest distance of the position encodings; a static cache's step has its own table)
+        if slot_distances is None:
+            lowest = 0 if config.attn_type == 2 else self._lowest_distance(query_length, key_length)
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
             position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
 
@@ -732,23 +868,30 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         layer_inputs, all_attentions = [], []
         for i, layer in enumerate(self.layers):
             layer_inputs.append(hidden)
-            memory = cache.memory(i)
+            memory = None if slot_distances is not None else cache.memory(i)
             if config.attn_type == 2 and i == 0 and memory_length:
                 memory = memory + position_embedding[:memory_length]
+            if slot_distances is not None:
+                position_keys = cache.layers[i].position_keys
+            else:
+                position_keys = self._position_keys(
+                    i, key_length, lowest, position_embedding, cache if reuse_projections else None
+                )
             output, probs, (key, value) = layer(
                 hidden,
                 memory=memory,
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
-                position_keys=self._position_keys(
-                    i, key_length, lowest, position_embedding, cache if reuse_projections else None
-                ),
+                position_keys=position_keys,
                 mask=mask,
                 biases=biases,
                 output_attentions=output_attentions,
+                slot_distances=slot_distances,
             )
             if config.mem_len > 0:
                 remembered = unpositioned if i == 0 else hidden
-                if reuse_projections:
+                if slot_distances is not None:
+                    cache.store(i, remembered)  # (its keys and values are in their slot already)
+                elif reuse_projections:
                     end = memory_length + kept
                     cache.store(i, remembered[:, :kept], key[:, :, :end], value[:, :, :end])
                 else:
@@ -756,16 +899,22 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             hidden = output
             all_attentions.append(probs)
         hidden = self.drop(hidden)
+        if slot_distances is not None:
+            cache.advance()
+        elif static:  # the prompt has run: its memory moves into the static slots
+            self._start_ring(cache, attention_mask, dtype, device)
 
         hidden_states = tuple(layer_inputs) + (hidden,) if output_hidden_states else None
         attentions = tuple(all_attentions) if output_attentions else None
         returned_cache = cache if use_cache else None
+        # (a static cache's legacy `mems` are read from its slots on demand, `cache.mems`: not at every step)
+        new_mems = None if static else cache.mems
         if not return_dict:
-            fields = (hidden, cache.mems, returned_cache, hidden_states, attentions)
+            fields = (hidden, new_mems, returned_cache, hidden_states, attentions)
             return tuple(v for v in fields if v is not None)
         return TransfoXLModelOutput(
             last_hidden_state=hidden,
-            mems=cache.mems,
+            mems=new_mems,
             cache=returned_cache,
             hidden_states=hidden_states,
             attentions=attentions,
@@ -780,6 +929,50 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         if isinstance(query_length, int) and isinstance(key_length, int) and query_length > 1:
             return -1 - (-(key_length + 1)) % 8
         return -1
+
+    def _check_static_cache(self, cache, mems, reuse_projections, batch_size, query_length, dtype):
+        """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
+        config = self.config
+        problem = None
+        if config.attn_type != 0 or config.ext_len or cache.mem_len != config.mem_len:
+            problem = f"supports attn_type 0, ext_len 0, mem_len {config.mem_len} (the model's) only"
+        elif not reuse_projections:
+            problem = "decodes in eval mode under torch.no_grad() (as generate() does)"
+        elif cache.ring and (mems is not None or query_length != 1):
+            problem = f"takes one token per step after the prompt, no `mems`; got {query_length} tokens"
+        elif cache.ring and (cache.batch_size, cache.layers[0].hidden.dtype) != (batch_size, dtype):
+            problem = f"holds batch {cache.batch_size} in {cache.layers[0].hidden.dtype}; got {batch_size} in {dtype}"
+        if problem:
+            raise ValueError(f"TransfoXLModel: the static cache {problem}; else use the default cache (MemoryCache).")
+
+    def _slot_mask(self, cache, slot_distances, step_attendable):
+        """A static cache step's mask [B, 1, 1, R] (True = may not attend): the slots not written yet, padding
+        (`cache.attendable`, this step's token from `step_attendable` [B, 1]) and, with `same_length`, the keys
+        beyond the span `_attention_mask` gives one query."""
+        config = self.config
+        held = cache.position - cache.oldest  # positions before this step's token
+        masked = slot_distances > held  # (distance d holds position - d, written only from `oldest` on)
+        if config.same_length:
+            memory_length = held.clamp(max=config.mem_len)
+            span = config.same_length_span
+            if span is None:  # (`_attention_mask`'s legacy span for one query)
+                span = 1 - (memory_length + 1 - config.mem_len).clamp(min=0)
+            masked = masked | (slot_distances >= memory_length + span)
+        cache.mark_attendable(step_attendable)
+        return masked[None, None, None, :] | ~cache.attendable[:, None, None, :]
+
+    def _start_ring(self, cache, attention_mask, dtype, device):
+        """After the prompt: move the static cache's memory into its slots, with each layer's position keys for
+        the distances mem_len ... 0 and which memory positions are padding (`attention_mask`'s columns for them;
+        positions before its first column are attended, as in `_attention_mask`)."""
+        held = cache.memory(0).shape[1]
+        attendable = torch.ones(cache.batch_size, held, dtype=torch.bool, device=device)
+        if attention_mask is not None:
+            columns = attention_mask.bool()[:, -held:]
+            attendable[:, held - columns.shape[1] :] = columns
+        distances = self._position_embedding(self.config.mem_len, 0, dtype, device)
+        tables = [layer.dec_attn.project_positions(distances) for layer in self.layers]
+        cache.start_ring(tables, attendable)
 
     def _position_keys(self, layer_idx, key_length, lowest, position_embedding, cache):
         """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... `lowest` (attn_type 0 only).
@@ -936,18 +1129,24 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
         """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
         it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
-        cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`."""
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_length)
+        cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`.
+        `cache_implementation="static"` gives a StaticMemoryCache, whose steps generate() can compile."""
+        static = generation_config.cache_implementation == "static"  # (which transformers would ignore for us)
+        if static and model_kwargs.get("cache") is not None:
+            raise ValueError("TransfoXLLMHeadModel.generate: pass `cache_implementation` or `cache`, not both.")
+        if not static:
+            super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_length)
         mems = model_kwargs.pop("mems", None)
         if model_kwargs.get("cache") is not None:
             if mems is not None:
                 raise ValueError("TransfoXLLMHeadModel.generate: pass the memory as `cache` or as `mems`, not both.")
             return
         expanded = max(generation_config.num_beams, generation_config.num_return_sequences) * batch_size
+        cache_class = StaticMemoryCache if static and generation_config.use_cache is not False else MemoryCache
         cache = (
-            MemoryCache(self.config.n_layer, self.config.mem_len)
+            cache_class(self.config.n_layer, self.config.mem_len)
             if mems is None
-            else MemoryCache.from_mems(mems, self.config.mem_len, batch_size=expanded)
+            else cache_class.from_mems(mems, self.config.mem_len, batch_size=expanded)
         )
         if generation_config.use_cache is False:
             if cache.mems is not None:
@@ -959,8 +1158,17 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, tokenizer=None, **kwargs):
         """transformers' inputs: only the tokens the memory has not seen (or the prompt's `inputs_embeds`), every
-        other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along."""
-        return super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+        other keyword forwarded except the `tokenizer` generate() takes for stop strings, which comes along.
+        A static cache's step gets `attention_mask`'s last column only: the same shapes at every step."""
+        inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+        cache, attention_mask = inputs.get("cache"), inputs.get("attention_mask")
+        if isinstance(cache, StaticMemoryCache) and cache.ring and attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -1:].clone(memory_format=torch.contiguous_format)
+        return inputs
+
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """generate()'s 4-D mask for a compileable cache: ours stays 2-D (see `TransfoXLModel._slot_mask`)."""
+        return attention_mask
 
     def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None):
         """transformers' criteria, with `stop_strings` matched by `WordLevelStopStringCriteria`: transformers' own

@@ -32,6 +32,7 @@ EXPECTED = {  # (section, model, workload) -> side names
     ("generation", "XLNet", "prompt 8"): ["ours", "transformers"],
     ("floor", "Transformer-XL", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
     ("floor", "XLNet", "greedy, prompt 8"): ["ours", "weight-streaming floor"],
+    ("static", "Transformer-XL", "float32, prompt 8"): ["static", "eager"],
     ("stream", "Transformer-XL", "attention length 8"): ["with memory", "sliding window", "evaluate (cache)"],
     ("stream", "Transformer-XL", "attention length 16"): ["with memory", "sliding window", "evaluate (cache)"],
     **{
@@ -61,7 +62,7 @@ INT8_SIDE_STATUS = "measured" if importlib.util.find_spec("torchao") else "not m
 # run with it, in the run with the legacy venv).
 LEGACY_WORKLOADS = ["peak", "throughput", "memory", "generation"]
 # workload -> its sections, where they differ
-SECTIONS = {"peak": [], "generation": ["generation", "floor"]}
+SECTIONS = {"peak": [], "generation": ["generation", "floor", "static"]}
 
 
 def run_quick(tmp_path, legacy_python, workloads=()):
@@ -138,7 +139,7 @@ def check(results, table, legacy_measured, workloads=()):
         assert pretrained["max_abs_logit_diff"].keys() == {"bf16 weights"} | int8  # (decoding alone, its variants)
     titles = {"throughput": "Throughput (fp32)", "memory": "Peak memory", "bf16": "bf16 autocast",
               "generation": "Generation, greedy", "stream": "evaluation of a stream", "deploy": "Deployment",
-              "floor": "weight-streaming floor"}  # fmt: skip
+              "floor": "weight-streaming floor", "static": "with the static cache"}  # fmt: skip
     for section, title in titles.items():
         assert (title in table) == (section in sections), title
     assert results["cpu"] and results["cpu"] in table.splitlines()[0]
@@ -152,6 +153,10 @@ def check(results, table, legacy_measured, workloads=()):
         # ours: the generation workload's own measurement at that prompt
         assert row["sides"]["ours"]["values"] == rows[("generation", model, "prompt 8")]["sides"][
             "ours (cache)" if model == "Transformer-XL" else "ours"]["values"]  # fmt: skip
+    if "static" in sections:  # (--quick: the static cache's steps not compiled)
+        row = rows[("static", "Transformer-XL", "float32, prompt 8")]
+        assert row["identical_tokens"] is True and row["compiled"] is False and row["floor_seconds"] > 0
+        assert row["first_call_seconds"] > 0 and "s (not compiled) |" in table
     assert "torch.compile" not in table  # --quick leaves compilation out (minutes on CPU)
 
 
