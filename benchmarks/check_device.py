@@ -2,7 +2,8 @@
 no more host syncs than its design needs, and the same inputs give the same bits in every process.
 
     python benchmarks/check_device.py --device cuda     # the first machine with a GPU runs this beside run.py
-    python benchmarks/check_device.py                   # the same on CPU (tests/test_benchmarks.py runs it)
+    python benchmarks/check_device.py                   # the same on CPU (tests/test_benchmarks.py runs a part)
+    python benchmarks/check_device.py --device cuda --checks syncs     # some of them: agreement, syncs, determinism
 
 For both models (small configurations, fp32, dropout 0):
 - agreement: "sdpa" and "flex_attention" against "eager", the logits of a segment after a memory (eval) and the
@@ -196,9 +197,13 @@ def check_determinism(name, device, report):
                f"{name} training step {flag} use_deterministic_algorithms: {len(set(digests))} distinct results in {PROCESSES} processes")  # fmt: skip
 
 
+CHECKS = {"agreement": check_agreement, "syncs": check_host_syncs, "determinism": check_determinism}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--checks", nargs="+", choices=sorted(CHECKS), default=list(CHECKS), help="default: all")
     parser.add_argument("--digest-of", choices=sorted(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -216,9 +221,8 @@ def main():
 
     print(f"torch {torch.__version__} on {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
     for name in MODELS:
-        check_agreement(name, device, report)
-        check_host_syncs(name, device, report)
-        check_determinism(name, device, report)
+        for check in args.checks:
+            CHECKS[check](name, device, report)
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
 

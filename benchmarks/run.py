@@ -27,9 +27,10 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
   reported, with their error, instead of stopping the run (the first configuration only);
 - `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references, and ours
   against the weight-streaming floor: the bytes of weights a decoding step must read (`streamed_weight_bytes`)
-  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`); then Transformer-XL's decoding with the
-  static cache and generate()'s compiled step against ours eager, fp32 and bf16, at the deploy workload's decoding
-  shapes (`measure_static_decoding`; on `--device cuda` the step runs as CUDA graphs, mode "reduce-overhead");
+  over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`);
+- `static`: Transformer-XL's decoding with the static cache and generate()'s compiled step against ours eager, fp32
+  and bf16, at the deploy workload's decoding shapes (`measure_static_decoding`; on `--device cuda` the step runs as
+  CUDA graphs, mode "reduce-overhead");
 - `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
   memory of the other half) against recomputing a sliding window for every token (the paper's evaluation
   speed-up), attention lengths 128 ... 1024, batch 1; a third side is `transformers-xl evaluate`'s loop
@@ -134,7 +135,7 @@ QUICK_CASES = [
     Case("tiny", "xlnet", dict(ISSUE_XLNET, vocab_size=1000, d_model=32, n_head=4, d_inner=64, n_layer=2, mem_len=16),
          batch=2, length=16),
 ]  # fmt: skip
-WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "stream", "deploy"]
+WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "static", "stream", "deploy"]
 # The deploy workload (issue 22): one segment of 128 tokens after 128 of memory, batch 1, as a deployed model reads a
 # stream; the sides (Session.variant), eager first (the ratios are against it). "eager, cache" carries the memory from
 # call to call in a MemoryCache, as a stream is read in eager mode (`transformers-xl evaluate`'s loop).
@@ -626,7 +627,6 @@ def measure_generation(run: Run):
                 {"ours": ours[model], "weight-streaming floor": [floor]},
                 weight_bytes=weight_bytes, gemv_bytes_per_second=run.gemv_bandwidth)  # fmt: skip
         print_row(run.rows[-1])
-    measure_static_decoding(run)
 
 
 def measure_static_decoding(run: Run):
@@ -638,6 +638,8 @@ def measure_static_decoding(run: Run):
     import bench_generation
     import transformers_xl
 
+    if not run.gemv_bandwidth:
+        measure_peak(run, "for the floor")
     cases = deploy_cases(run.args.quick)[:1] + ([] if run.args.quick else pretrained_decode_cases(False)[:1])
     dtypes = [torch.float32] if run.args.quick else [torch.float32, torch.bfloat16]
     prompt, new_tokens = (8, 4) if run.args.quick else (64, 12)
@@ -1009,6 +1011,8 @@ def measure(run: Run, workloads: list[str]):
             shutil.rmtree(folder)  # (up to 1.1 GB of weights)
     if "generation" in workloads:
         measure_generation(run)
+    if "static" in workloads:
+        measure_static_decoding(run)
     if "peak" in workloads:
         measure_peak(run, "end")
 

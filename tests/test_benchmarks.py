@@ -62,7 +62,7 @@ INT8_SIDE_STATUS = "measured" if importlib.util.find_spec("torchao") else "not m
 # run with it, in the run with the legacy venv).
 LEGACY_WORKLOADS = ["peak", "throughput", "memory", "generation"]
 # workload -> its sections, where they differ
-SECTIONS = {"peak": [], "generation": ["generation", "floor", "static"]}
+SECTIONS = {"peak": [], "generation": ["generation", "floor"]}
 
 
 def run_quick(tmp_path, legacy_python, workloads=()):
