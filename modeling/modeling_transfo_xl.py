@@ -842,8 +842,9 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         transformers v5's causal-LM loss, `shift_labels` [batch, seq_len]: the targets already shifted, so that the
         last position predicts the token after the segment (every token of a stream predicted once, as the original
         protocol does; see `TextStream`). It comes through `**kwargs`, as in transformers' own models, so Trainer
-        keeps treating `labels` as the label column. `num_items_in_batch` (passed by Trainer) normalises the loss
-        over all accumulated micro-batches.
+        keeps treating `labels` as the label column; given with `labels` (as Trainer's context parallelism does), it
+        replaces them. `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated
+        micro-batches.
 
         With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
         `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
@@ -852,11 +853,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         shift_labels = kwargs.pop("shift_labels", None)
         if kwargs:
             raise TypeError(f"TransfoXLLMHeadModel.forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
-        if labels is not None and shift_labels is not None:
-            raise ValueError(
-                "TransfoXLLMHeadModel: pass `labels` (the input ids, shifted inside) or `shift_labels` (the targets "
-                "already shifted), not both."
-            )
+        if shift_labels is not None:
+            labels = None  # transformers' contract: `shift_labels` replace `labels` (Trainer's context parallelism)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
         if shape is not None:
