@@ -599,6 +599,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
+        config._check_fields()  # again: fields edited since the config was built fail here, clearly
         self.word_emb = AdaptiveEmbedding(
             config.vocab_size,
             config.d_embed,

@@ -351,3 +351,13 @@ def test_half_precision_fully_padded_rows_and_fully_masked_queries_stay_finite(d
         out = model(**inputs, output_attentions=attention == "explicit")
     tensors = floating_tensors(dict(out))
     assert tensors and all(torch.isfinite(t).all() for t in tensors), [k for k, v in out.items()]
+
+
+@pytest.mark.parametrize("name", ["TransfoXLModel", "XLNetModel"])
+def test_a_config_edited_after_it_was_built_is_checked_by_the_model(name):
+    """transformers' own tests (and users) set fields on a built config: a vocabulary below Transformer-XL's cutoffs
+    or a width that the heads do not divide is named, not a negative tensor size deep in a layer."""
+    config = build(name).config
+    config.vocab_size, config.d_model = (3, config.d_model) if name == "TransfoXLModel" else (config.vocab_size, 17)
+    with pytest.raises(ValueError, match="Config: invalid `(cutoffs|n_head)`"):
+        getattr(transformers_xl, name)(config)
