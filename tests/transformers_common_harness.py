@@ -10,7 +10,7 @@ What it found, and which of transformers' tests do not apply to these models and
         --no-binary :all: --no-deps -d /tmp/tfsrc && tar xzf /tmp/tfsrc/transformers-*.tar.gz -C /tmp/tfsrc
     pip install --target /tmp/hdeps parameterized   # transformers' tests import it; our venv does not need it
     PYTHONPATH=/tmp/hdeps TRANSFORMERS_TESTS=$(ls -d /tmp/tfsrc/transformers-*/tests) HF_HUB_OFFLINE=1 \
-        OMP_NUM_THREADS=1 python -m pytest -p no:xdist -q -rs tests/transformers_common_harness.py
+        OMP_NUM_THREADS=1 python -m pytest -n 0 -v --tb=native -rfEs tests/transformers_common_harness.py
 
 The sdist's `tests/` holds `test_modeling_common.py` but neither `generation/test_utils.py` nor
 `exporters/test_export.py`: missing ones are replaced by empty mixins, and the generation tests are then skipped. A
