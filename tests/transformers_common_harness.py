@@ -17,6 +17,7 @@ The sdist's `tests/` holds `test_modeling_common.py` but neither `generation/tes
 git checkout of transformers at the same version's tag has them all.
 """
 
+import inspect
 import os
 import sys
 import types
@@ -73,7 +74,8 @@ class TransfoXLModelTester:
     def get_config(self):
         return ours.TransfoXLConfig(
             vocab_size=self.vocab_size, cutoffs=[4, 8], d_model=32, d_embed=32, n_head=4, d_head=8,
-            d_inner=37, div_val=2, n_layer=2, mem_len=self.mem_len, clamp_len=15, eos_token_id=0, pad_token_id=98,
+            d_inner=37, div_val=2, n_layer=2, mem_len=self.mem_len, clamp_len=15, dropout=0.0, dropatt=0.0,
+            eos_token_id=0, pad_token_id=98,
             num_labels=self.num_labels,
         )  # fmt: skip
 
@@ -93,7 +95,7 @@ class XLNetModelTester(TransfoXLModelTester):
     def get_config(self):
         return ours.XLNetConfig(
             vocab_size=self.vocab_size, d_model=32, n_head=4, d_inner=37, n_layer=2, mem_len=self.mem_len,
-            clamp_len=-1, bos_token_id=1, eos_token_id=2, pad_token_id=5, num_labels=self.num_labels,
+            clamp_len=-1, dropout=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=5, num_labels=self.num_labels,
         )  # fmt: skip
 
     def prepare_config_and_inputs_for_common(self):
@@ -109,6 +111,12 @@ class _OurModelsTest(common.ModelTesterMixin, GenerationTesterMixin):
     def setUp(self):
         self.model_tester = self.make_tester(self)
 
+    # transformers runs these only on an accelerator (and the compile ones only with RUN_SLOW): run them here too.
+    # On a CPU, test_sdpa_can_compile_dynamic still skips itself; test_flex_attention_with_grads runs a forward with
+    # gradients enabled (torch 2.13 has no CPU backward for flex_attention).
+    test_flex_attention_with_grads_here = inspect.unwrap(common.ModelTesterMixin.test_flex_attention_with_grads)
+    test_torch_compile_for_training_here = inspect.unwrap(common.ModelTesterMixin.test_torch_compile_for_training)
+
 
 # transformers' tests pick labels and skip base models by looking up its own name mappings, which lost Transformer-XL
 # in v5: give them back the entries transformers 4.x had.
@@ -120,11 +128,13 @@ for mapping, class_name in ((auto.MODEL_MAPPING_NAMES, "TransfoXLModel"),
 
 class TransfoXLCommonTest(_OurModelsTest, unittest.TestCase):
     make_tester = TransfoXLModelTester
+    _torch_compile_train_cls = ours.TransfoXLLMHeadModel
     all_model_classes = (ours.TransfoXLModel, ours.TransfoXLLMHeadModel, ours.TransfoXLForSequenceClassification)
 
 
 class XLNetCommonTest(_OurModelsTest, unittest.TestCase):
     make_tester = XLNetModelTester
+    _torch_compile_train_cls = ours.XLNetLMHeadModel
     all_model_classes = (
         ours.XLNetModel, ours.XLNetLMHeadModel, ours.XLNetForSequenceClassification, ours.XLNetForTokenClassification,
         ours.XLNetForMultipleChoice, ours.XLNetForQuestionAnsweringSimple, ours.XLNetForQuestionAnswering,
