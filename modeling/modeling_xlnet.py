@@ -564,7 +564,6 @@ class XLNetModel(XLNetPreTrainedModel):
 
     def __init__(self, config: XLNetConfig):
         super().__init__(config)
-        config._check_fields()  # again: fields edited since the config was built fail here, clearly
         self.word_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.mask_emb = nn.Parameter(torch.empty(1, 1, config.d_model))
         self.layer = nn.ModuleList([XLNetLayer(config) for _ in range(config.n_layer)])
