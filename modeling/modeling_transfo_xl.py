@@ -724,6 +724,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
+        config._check_fields()  # again: fields edited since the config was built fail here, clearly
         self.word_emb = AdaptiveEmbedding(
             config.vocab_size,
             config.d_embed,
@@ -1049,8 +1050,9 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         transformers v5's causal-LM loss, `shift_labels` [batch, seq_len]: the targets already shifted, so that the
         last position predicts the token after the segment (every token of a stream predicted once, as the original
         protocol does; see `TextStream`). It comes through `**kwargs`, as in transformers' own models, so Trainer
-        keeps treating `labels` as the label column. `num_items_in_batch` (passed by Trainer) normalises the loss
-        over all accumulated micro-batches.
+        keeps treating `labels` as the label column; given with `labels` (as Trainer's context parallelism does), it
+        replaces them. `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated
+        micro-batches.
 
         With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
         `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
@@ -1059,11 +1061,8 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         shift_labels = kwargs.pop("shift_labels", None)
         if kwargs:
             raise TypeError(f"TransfoXLLMHeadModel.forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
-        if labels is not None and shift_labels is not None:
-            raise ValueError(
-                "TransfoXLLMHeadModel: pass `labels` (the input ids, shifted inside) or `shift_labels` (the targets "
-                "already shifted), not both."
-            )
+        if shift_labels is not None:
+            labels = None  # transformers' contract: `shift_labels` replace `labels` (Trainer's context parallelism)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
         if shape is not None:

@@ -837,7 +837,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
 
     Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
     position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
-    are therefore the same targets, and are taken as such (one or the other). Generation gives transformers' tokens:
+    are therefore the same targets, and are taken as such, in place of `labels` when both are given (as transformers'
+    Trainer does under context parallelism). Generation gives transformers' tokens:
     the next token comes from the query stream of the position after the input (`predict_next_token`); with memory,
     the last two known tokens are recomputed each step.
     """
@@ -878,11 +879,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     ) -> XLNetLMHeadModelOutput:
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         shift_labels = kwargs.pop("shift_labels", None)
-        if shift_labels is not None and labels is not None:
-            raise ValueError(
-                f"{type(self).__name__}: pass `labels` or `shift_labels` (for XLNet the same targets: one per output "
-                "position, unshifted by the model), not both."
-            )
+        # transformers' contract: `shift_labels` replace `labels` (Trainer's context parallelism passes both)
         target_name = "labels" if shift_labels is None else "shift_labels"
         labels = labels if shift_labels is None else shift_labels
         vocab_size = self.config.vocab_size

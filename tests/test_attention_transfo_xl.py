@@ -100,3 +100,39 @@ def test_flex_attention_under_torch_compile_equals_eager():
         mems = reference(ids).mems
         expected = reference(ids, mems=mems).logits
         torch.testing.assert_close(compiled(ids, mems=mems).logits, expected, atol=1e-4, rtol=0)
+
+
+# A few units in the last place of outputs of magnitude ~4 (bf16 keeps 8 bits of mantissa, fp16 11)
+HALF_PRECISION_ATOL = {torch.bfloat16: 0.1, torch.float16: 0.02}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eager_and_sdpa_agree_in_half_precision_on_a_padded_batch(dtype):
+    """transformers' test_eager_matches_sdpa_inference, in short: a half-precision model, a left-padded batch, a
+    segment over a memory; sdpa's last hidden states at the real positions within half precision's tolerance of
+    eager's (the padding's finfo.min must not turn into NaN or leak). Padded positions are not compared: their rows
+    see no key, and what they hold differs between implementations in fp16, as in transformers' models."""
+    ids, padding = random_ids(2, 5), torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    outputs = {}
+    for implementation in ("eager", "sdpa"):
+        model = model_with(implementation).to(dtype)
+        with torch.no_grad():
+            padded = model.transformer(ids, attention_mask=padding)
+            second = model.transformer(ids, mems=model.transformer(ids).mems)
+        outputs[implementation] = (padded.last_hidden_state[padding.bool()], second.last_hidden_state)
+    for got, want in zip(outputs["sdpa"], outputs["eager"]):
+        assert got.dtype == dtype and got.isfinite().all()
+        torch.testing.assert_close(got.float(), want.float(), atol=HALF_PRECISION_ATOL[dtype], rtol=0)
+
+
+def test_hidden_states_and_attentions_keep_their_gradients():
+    """transformers' test_retain_grad_hidden_states_attentions: the returned hidden states and attention
+    probabilities are the ones the loss was computed from, so gradients reach them (attribution methods rely on it)."""
+    model = model_with("sdpa")
+    out = model(random_ids(2, 5), labels=random_ids(2, 5, seed=2), output_hidden_states=True, output_attentions=True)
+    hidden, attention = out.hidden_states[0], out.attentions[0]
+    hidden.retain_grad()
+    attention.retain_grad()
+    out.loss.backward()
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
+    assert attention.grad is not None and attention.grad.abs().sum() > 0

@@ -299,3 +299,39 @@ def test_generation_keeps_no_copy_of_the_weights():
     for name, module in model.named_modules():
         extra = [key for key, value in vars(module).items() if torch.is_tensor(value)]
         assert not extra, (name, extra)
+
+
+# A few units in the last place of outputs of magnitude ~4 (bf16 keeps 8 bits of mantissa, fp16 11)
+HALF_PRECISION_ATOL = {torch.bfloat16: 0.1, torch.float16: 0.02}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eager_and_sdpa_agree_in_half_precision_on_a_padded_batch(dtype):
+    """transformers' test_eager_matches_sdpa_inference, in short: a half-precision model, a left-padded batch with
+    two segments and both streams; sdpa's outputs at the real positions within half precision's tolerance of eager's
+    (the padding's -inf / finfo.min must not turn into NaN or leak)."""
+    model = tiny().to(dtype)
+    inputs = permutation_inputs()
+    real = inputs["attention_mask"].bool()
+    results = {}
+    for implementation in ("eager", "sdpa"):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            output = model(**inputs, output_hidden_states=True)
+        results[implementation] = [output.logits] + [h[real] for h in output.hidden_states if h.shape[1] == real.shape[1]]
+    for got, want in zip(results["sdpa"], results["eager"]):
+        assert got.dtype == dtype and got.isfinite().all()
+        torch.testing.assert_close(got.float(), want.float(), atol=HALF_PRECISION_ATOL[dtype], rtol=0)
+
+
+def test_hidden_states_and_attentions_keep_their_gradients():
+    """transformers' test_retain_grad_hidden_states_attentions: the returned hidden states and attention
+    probabilities are the ones the loss was computed from, so gradients reach them (attribution methods rely on it)."""
+    model = tiny()
+    out = model(ids(), labels=ids(seed=2), output_hidden_states=True, output_attentions=True)
+    hidden, attention = out.hidden_states[0], out.attentions[0]
+    hidden.retain_grad()
+    attention.retain_grad()
+    out.loss.backward()
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
+    assert attention.grad is not None and attention.grad.abs().sum() > 0

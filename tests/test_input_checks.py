@@ -351,3 +351,13 @@ def test_half_precision_fully_padded_rows_and_fully_masked_queries_stay_finite(d
         out = model(**inputs, output_attentions=attention == "explicit")
     tensors = floating_tensors(dict(out))
     assert tensors and all(torch.isfinite(t).all() for t in tensors), [k for k, v in out.items()]
+
+
+def test_a_config_edited_after_it_was_built_is_checked_by_the_model():
+    """transformers' own tests (and users) set fields on a built config: a vocabulary below Transformer-XL's cutoffs
+    is named, not a negative tensor size deep in the adaptive embedding. (XLNet models also take transformers' own
+    XLNetConfig, which has no such checks.)"""
+    config = build("TransfoXLModel").config
+    config.vocab_size = 3
+    with pytest.raises(ValueError, match="TransfoXLConfig: invalid `cutoffs`"):
+        transformers_xl.TransfoXLModel(config)

@@ -1,5 +1,5 @@
 """Both LM heads take transformers v5's `shift_labels` (targets already shifted, -100 ignored) beside `labels`,
-whose meaning is unchanged; giving both is refused; Trainer counts and keeps them."""
+whose meaning is unchanged; given both, `shift_labels` win; Trainer counts and keeps them."""
 
 import pytest
 import torch
@@ -57,10 +57,14 @@ def test_transfo_xl_legacy_tuple_with_shift_labels():
 
 
 @pytest.mark.parametrize("model_fn", [transfo_xl, lambda: XLNetLMHeadModel(XLNetConfig(**XLNET)).eval()])
-def test_labels_and_shift_labels_together_are_refused(model_fn):
+def test_shift_labels_replace_labels_given_with_them(model_fn):
+    """transformers' contract (its Trainer passes both under context parallelism): the loss is taken against
+    `shift_labels`, whatever `labels` say."""
     model = model_fn()
-    with pytest.raises(ValueError, match="pass `labels`.* or `shift_labels`.*not both"):
-        model(ids(), labels=ids(), shift_labels=ids())
+    with torch.no_grad():
+        alone = model(ids(), shift_labels=ids(seed=1)).loss
+        with_labels = [model(ids(), labels=ids(seed=seed), shift_labels=ids(seed=1)).loss for seed in (2, 3)]
+    assert torch.equal(with_labels[0], alone) and torch.equal(with_labels[1], alone)
 
 
 def test_bad_shift_labels_are_named():
