@@ -647,7 +647,7 @@ class XLNetModel(XLNetPreTrainedModel):
             positions = torch.stack([positions, -positions])
         if self.config.clamp_len > 0:
             positions = positions.clamp(-self.config.clamp_len, self.config.clamp_len)
-        inverse_frequencies = sinusoid_inverse_frequencies(self.config.d_model).to(device)
+        inverse_frequencies = sinusoid_inverse_frequencies(self.config.d_model, device)
         return sinusoid_encoding(positions, inverse_frequencies)
 
     def _attention_masks(self, query_length, memory_length, attention_mask, input_mask, perm_mask, device):

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 
 
-def sinusoid_inverse_frequencies(dim: int) -> torch.Tensor:
-    """1 / 10000^(2k/dim) for k < dim/2: the frequencies of the sinusoid encoding (Vaswani et al. 2017)."""
-    return 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0) / dim))
+def sinusoid_inverse_frequencies(dim: int, device=None) -> torch.Tensor:
+    """1 / 10000^(2k/dim) for k < dim/2: the frequencies of the sinusoid encoding (Vaswani et al. 2017), made on
+    `device` (a copy from the host would make the host wait for a GPU)."""
+    return 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0, device=device) / dim))
 
 
 def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor) -> torch.Tensor:
