@@ -926,10 +926,11 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         """The lowest relative distance attn_type 0's position keys list: -1, read only for masked (future) keys
         (see relative_shift), and for a segment of concrete length a few more, so that the position scores' rows
         are a multiple of 8 long: matrix-product kernels store aligned rows faster. A decoding step's single row
-        keeps -1 (its cached table then serves every step), and so do symbolic lengths (torch.export: no guard)."""
-        if isinstance(query_length, int) and isinstance(key_length, int) and query_length > 1:
-            return -1 - (-(key_length + 1)) % 8
-        return -1
+        keeps -1 (its cached table then serves every step), and so do traced graphs (torch.compile, torch.export:
+        no guard on the lengths' remainder, which would compile a graph per remainder)."""
+        if torch.compiler.is_compiling() or not isinstance(key_length, int) or query_length == 1:
+            return -1
+        return -1 - (-(key_length + 1)) % 8
 
     def _check_static_cache(self, cache, mems, reuse_projections, batch_size, query_length, dtype):
         """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
