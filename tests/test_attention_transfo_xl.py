@@ -128,8 +128,11 @@ def test_eager_and_sdpa_agree_in_half_precision_on_a_padded_batch(dtype):
 def test_hidden_states_and_attentions_keep_their_gradients():
     """transformers' test_retain_grad_hidden_states_attentions: the returned hidden states and attention
     probabilities are the ones the loss was computed from, so gradients reach them (attribution methods rely on it)."""
-    model = model_with("sdpa")
-    out = model(random_ids(2, 5), labels=random_ids(2, 5, seed=2), output_hidden_states=True, output_attentions=True)
+    assert_gradients_reach_hidden_states_and_attentions(model_with("sdpa"), random_ids(2, 5), random_ids(2, 5, seed=2))
+
+
+def assert_gradients_reach_hidden_states_and_attentions(model, ids, labels):
+    out = model(ids, labels=labels, output_hidden_states=True, output_attentions=True)
     hidden, attention = out.hidden_states[0], out.attentions[0]
     hidden.retain_grad()
     attention.retain_grad()

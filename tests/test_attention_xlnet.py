@@ -14,6 +14,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import transformers_xl.modeling.modeling_xlnet as ours
 from host_syncs import HostSyncCounter
+from test_attention_transfo_xl import assert_gradients_reach_hidden_states_and_attentions
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 
 IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
@@ -325,13 +326,5 @@ def test_eager_and_sdpa_agree_in_half_precision_on_a_padded_batch(dtype):
 
 
 def test_hidden_states_and_attentions_keep_their_gradients():
-    """transformers' test_retain_grad_hidden_states_attentions: the returned hidden states and attention
-    probabilities are the ones the loss was computed from, so gradients reach them (attribution methods rely on it)."""
-    model = tiny()
-    out = model(ids(), labels=ids(seed=2), output_hidden_states=True, output_attentions=True)
-    hidden, attention = out.hidden_states[0], out.attentions[0]
-    hidden.retain_grad()
-    attention.retain_grad()
-    out.loss.backward()
-    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
-    assert attention.grad is not None and attention.grad.abs().sum() > 0
+    """transformers' test_retain_grad_hidden_states_attentions (see test_attention_transfo_xl's)."""
+    assert_gradients_reach_hidden_states_and_attentions(tiny(), ids(), ids(seed=2))
