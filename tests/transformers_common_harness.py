@@ -6,10 +6,11 @@ What it found, and which of transformers' tests do not apply to these models and
 "transformers' common tests". To rerun it, unpack the installed transformers' sdist (it ships `tests/`) and point
 `TRANSFORMERS_TESTS` at that folder:
 
+    scratch=$(mktemp -d)
     pip download transformers==$(python -c "import transformers; print(transformers.__version__)") \
-        --no-binary :all: --no-deps -d /tmp/tfsrc && tar xzf /tmp/tfsrc/transformers-*.tar.gz -C /tmp/tfsrc
-    pip install --target /tmp/hdeps parameterized   # transformers' tests import it; our venv does not need it
-    PYTHONPATH=/tmp/hdeps TRANSFORMERS_TESTS=$(ls -d /tmp/tfsrc/transformers-*/tests) HF_HUB_OFFLINE=1 \
+        --no-binary :all: --no-deps -d "$scratch" && tar xzf "$scratch"/transformers-*.tar.gz -C "$scratch"
+    pip install --target "$scratch/deps" parameterized   # transformers' tests import it; our venv does not need it
+    PYTHONPATH="$scratch/deps" TRANSFORMERS_TESTS=$(ls -d "$scratch"/transformers-*/tests) HF_HUB_OFFLINE=1 \
         OMP_NUM_THREADS=1 python -m pytest -n 0 -v --tb=native -rfEs tests/transformers_common_harness.py
 
 The sdist's `tests/` holds `test_modeling_common.py` but neither `generation/test_utils.py` nor
