@@ -166,13 +166,16 @@ def check_host_syncs(name, device, report):
     allowed = len(model.config.cutoffs) if name == "transfo-xl" else 0  # one per tail cluster
     inputs = segments(name, device)  # (made beforehand: copies of the inputs to the device are the caller's)
     ops, cuda = count_syncs(lambda: training_step(name, model, inputs), device)
-    seen = f"{ops} by dispatch" + ("" if cuda is None else f", {cuda} by CUDA's sync debug mode")
-    report(ops <= allowed and (cuda is None or cuda <= allowed), f"{name} training step: host syncs {seen} (at most {allowed})")
+    report(ops <= allowed and (cuda or 0) <= allowed,
+           f"{name} training step: host syncs {described(ops, cuda)} (at most {allowed})")  # fmt: skip
     step = decoding_step(name, model, device)
     step()  # (the first step may set up what later ones reuse)
     ops, cuda = count_syncs(step, device)
-    seen = f"{ops} by dispatch" + ("" if cuda is None else f", {cuda} by CUDA's sync debug mode")
-    report(ops == 0 and not cuda, f"{name} decoding step: host syncs {seen} (none allowed)")
+    report(ops == 0 and not cuda, f"{name} decoding step: host syncs {described(ops, cuda)} (none allowed)")
+
+
+def described(ops: int, cuda: int | None) -> str:
+    return f"{ops} by dispatch" + ("" if cuda is None else f", {cuda} by CUDA's sync debug mode")
 
 
 def step_digest(name, device) -> str:
