@@ -374,3 +374,122 @@ class MemoryCache(Cache):
 
     def __repr__(self):
         return f"MemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"
+
+
+class RingLayer:
+    """A `StaticMemoryCache` layer: hidden [B, R, d] and keys / values [B, H, R, D] in R slots, position p in slot
+    p % R; `position_keys`, the layer's projected distances; `slots` (the cache's) are where the current step writes."""
+
+    def __init__(self, hidden, keys, values, position_keys, slots):
+        self.hidden, self.keys, self.values, self.position_keys, self.slots = hidden, keys, values, position_keys, slots
+
+    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
+        self.keys.index_copy_(2, self.slots, new_keys)
+        self.values.index_copy_(2, self.slots, new_values)
+        return self.keys, self.values
+
+    def map_batch(self, fn):
+        """In place: the buffers keep their addresses (compiled steps and CUDA graphs read them there)."""
+        for buffer in (self.hidden, self.keys, self.values):
+            buffer.copy_(fn(buffer))
+
+
+class StaticMemoryCache(MemoryCache):
+    """A `MemoryCache` whose decoding steps all have the same shapes, so that generate() can compile them
+    (`cache_implementation="static"`). The prompt runs as with a `MemoryCache`; `start_ring` then moves the memory
+    into `slot_count` fixed slots (`RingLayer`, default mem_len + 1). A step writes `step_length` positions from
+    `position` on (Transformer-XL: its token; XLNet: the last two, the older one again) and attends to every slot,
+    the slots' distances (`slot_distances`) indexing its position scores and a mask hiding slots not yet written.
+    The counters are 0-d tensors updated in place: data, not shapes or Python numbers."""
+
+    def __init__(self, num_layers: int, mem_len: int | None, slot_count: int | None = None, step_length: int = 1):
+        if slot_count is None and (not mem_len or mem_len < 1):
+            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len >= 1).")
+        super().__init__(num_layers, mem_len)
+        self.slot_count = mem_len + 1 if slot_count is None else slot_count
+        self.step_length = step_length
+        self.ring = False
+
+    def start_ring(self, position_keys, attendable: torch.Tensor | None = None):
+        """Move each layer's memory and its keys / values into the slots; `position_keys`: one table per layer;
+        `attendable` [B, m]: False for padding (kept in slots too), None when padding is not tracked."""
+        held, count = self.layers[0].hidden.shape[1], self.slot_count
+        device = self.layers[0].hidden.device
+        first = self.seen_tokens - self.step_length + 1  # what the next step writes first
+        self.oldest = torch.tensor(self.seen_tokens - held, device=device)  # (< 0 after `mems` or zero slots)
+        self.position = torch.tensor(first, device=device)
+        self.step_offsets = torch.arange(self.step_length, device=device)
+        self.slots = (self.position + self.step_offsets).remainder(count)
+        slots = torch.arange(self.seen_tokens - held, self.seen_tokens, device=device).remainder(count)
+
+        def ring(tensor, axis):
+            shape = list(tensor.shape)
+            shape[axis] = count
+            buffer = tensor.new_zeros(shape).index_copy_(axis, slots, tensor)
+            torch._dynamo.mark_static_address(buffer)
+            return buffer
+
+        self.attendable = None if attendable is None else ring(attendable, 1)
+        self.layers = [
+            RingLayer(ring(layer.hidden, 1), ring(layer.keys, 2), ring(layer.values, 2), table, self.slots)
+            for layer, table in zip(self.layers, position_keys)
+        ]
+        for counter in (self.position, self.oldest, self.slots):
+            torch._dynamo.mark_static_address(counter)
+        self.ring = True
+
+    @property
+    def newest(self) -> torch.Tensor:
+        """The last position the current step writes (0-d)."""
+        return self.position + self.step_length - 1
+
+    def slot_distances(self) -> torch.Tensor:
+        """[R] (newest - slot) mod R: how far before the step's newest position each slot's position is."""
+        return (self.newest - torch.arange(self.slot_count, device=self.position.device)).remainder(self.slot_count)
+
+    def mark_attendable(self, attendable: torch.Tensor):
+        self.attendable.index_copy_(1, self.slots, attendable)
+
+    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
+        if not self.ring:
+            return super().store(layer_idx, new_hidden, keys, values)
+        self.layers[layer_idx].hidden.index_copy_(1, self.slots, new_hidden.detach())  # (keys: `key_values_with`)
+
+    def advance(self):
+        self.position.add_(1)
+        self.slots.copy_((self.position + self.step_offsets).remainder(self.slot_count))
+
+    @property
+    def mems(self):
+        """The legacy view, oldest first; from the slots it syncs with the device (for inspection only)."""
+        if not self.ring:
+            return super().mems
+        end = int(self.newest)  # (after a step: one past the positions written)
+        held = end - int(self.oldest) if self.mem_len is None else min(end - int(self.oldest), self.mem_len)
+        order = torch.arange(end - held, end).remainder(self.slot_count)
+        return tuple(layer.hidden[:, order.to(layer.hidden.device)].transpose(0, 1) for layer in self.layers)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.newest) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        if self.ring and self.attendable is not None:
+            self.attendable.copy_(self.attendable.index_select(0, beam_idx.to(self.attendable.device)))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.ring:
+            raise ValueError("StaticMemoryCache.crop: decoding has started; the default cache (MemoryCache) crops.")
+        super().crop(tokens_to_remove)
+
+    def reset(self):
+        super().reset()
+        self.ring = False
+
+    @property
+    def is_croppable(self) -> bool:
+        return not self.ring and super().is_croppable
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
