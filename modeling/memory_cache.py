@@ -416,7 +416,8 @@ class StaticMemoryCache(MemoryCache):
         held, count = self.layers[0].hidden.shape[1], self.slot_count
         device = self.layers[0].hidden.device
         first = self.seen_tokens - self.step_length + 1  # what the next step writes first
-        self.oldest = torch.tensor(self.seen_tokens - held, device=device)  # (< 0 after `mems` or zero slots)
+        # (< 0 after `mems` or zero slots; XLNet's first step writes its newest remembered position again)
+        self.oldest = torch.tensor(min(self.seen_tokens - held, first), device=device)
         self.position = torch.tensor(first, device=device)
         self.step_offsets = torch.arange(self.step_length, device=device)
         self.slots = (self.position + self.step_offsets).remainder(count)

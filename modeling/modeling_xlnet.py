@@ -57,7 +57,7 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
-from .memory_cache import MemoryCache, MemoryLayer, key_values_over
+from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
@@ -167,11 +167,13 @@ class XLNetRelativeAttention(nn.Module):
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
-    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None):
+    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None,
+                slot_columns=None):
         """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or
         None). Query row i sits at distance (k - q + i) - j from key j; the position keys list the distances
         k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query just
-        after the keys (distance k - j) reads the same keys with offset 0."""
+        after the keys (distance k - j) reads the same keys with offset 0. A static cache's step gives instead each
+        (row, key slot) pair's column of the position scores (`slot_columns` [q, R], see `XLNetModel._slot_masks`)."""
         dtype = query.dtype
         offset = query.shape[2] if offset is None else offset
         # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
@@ -181,7 +183,10 @@ class XLNetRelativeAttention(nn.Module):
         else:
             scores = torch.matmul(position_query, position_keys.transpose(-1, -2))
         # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
-        position_bias = relative_shift(scores, key.shape[2], offset)
+        if slot_columns is None:
+            position_bias = relative_shift(scores, key.shape[2], offset)
+        else:  # (the slots are in ring order, not in distance order: a gather replaces the shift)
+            position_bias = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1))
         if segment_mismatch is not None:
             # (q_i + b)^T s_ij with s_ij = seg_embed[0] inside a segment, seg_embed[1] across segments.
             segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
@@ -222,6 +227,7 @@ class XLNetRelativeAttention(nn.Module):
         output_attentions: bool = False,
         update_content: bool = True,
         query_after_content: bool = False,
+        slot_columns: torch.Tensor | None = None,
     ):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
 
@@ -229,7 +235,7 @@ class XLNetRelativeAttention(nn.Module):
         are a fixed projection of the memory) and extended with the new tokens'. `update_content=False` (with a
         query stream) skips the content stream's own update, for a last layer whose content output nothing reads.
         `query_after_content`: the query stream is one row at the position right after the segment (next-token
-        prediction).
+        prediction). `slot_columns`: a static cache's step, whose `query_mask` covers the content rows too.
         """
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
@@ -245,12 +251,16 @@ class XLNetRelativeAttention(nn.Module):
         attentions, content_probs, query_probs = [], None, None
         length = content.shape[1] if update_content else 0
 
-        if query_after_content and content_mask is None and query_mask is None and segment_mismatch is None:
-            # Next-token prediction with nothing masked: the content rows and the query row after them attend to the
-            # same keys, and the query row sits where one more content row would (shift offset `length` for all), so
-            # one attention call serves both streams.
-            attention, probs = self._attend(queries, key, value, position_keys, None, None, output_attentions,
-                                            offset=length)  # fmt: skip
+        if query_after_content and (
+            slot_columns is not None or content_mask is None and query_mask is None and segment_mismatch is None
+        ):
+            # Next-token prediction with nothing masked (or one mask for all rows): the content rows and the query
+            # row after them attend to the same keys, and the query row sits where one more content row would (shift
+            # offset `length` for all), so one attention call serves both streams.
+            if slot_columns is not None:  # (the last layer may update the query row only)
+                slot_columns, query_mask = slot_columns[-queries.shape[2] :], query_mask[:, :, -queries.shape[2] :]
+            attention, probs = self._attend(queries, key, value, position_keys, query_mask, None, output_attentions,
+                                            offset=length, slot_columns=slot_columns)  # fmt: skip
             attentions.append(attention)
             if output_attentions:
                 content_probs, query_probs = probs[:, :, :length] if update_content else None, probs[:, :, length:]
@@ -362,6 +372,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         update_content: bool = True,
         query_after_content: bool = False,
+        slot_columns: torch.Tensor | None = None,
     ):
         content, query_stream, probs, key_values = self.rel_attn(
             content,
@@ -376,6 +387,7 @@ class XLNetLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
             update_content=update_content,
             query_after_content=query_after_content,
+            slot_columns=slot_columns,
         )
         if content is None or query_stream is None:  # a single stream to update
             content, query_stream = (None if x is None else self._feed_forward(x) for x in (content, query_stream))
@@ -736,16 +748,23 @@ class XLNetModel(XLNetPreTrainedModel):
         cache_given = cache is not None
         # `mem_len` None or 0 keeps every past position.
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
-        cache = MemoryCache.for_forward(
-            cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
-            type(self).__name__, hidden_like.dtype, hidden_like.device,
-        )
-        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
-        key_length = memory_length + query_length
         remember = use_mems or cache_given
         # The memory's keys / values and the position keys are fixed projections: reusable while the weights are
         # frozen (no dropout, no gradient: with gradients, the projections must see the memory again).
         reuse_projections = remember and not self.training and not torch.is_grad_enabled()
+        static = isinstance(cache, StaticMemoryCache)
+        if static:
+            unsupported = (mems, perm_mask, target_mapping, token_type_ids, attention_mask, input_mask, inputs_embeds)
+            self._check_static_cache(cache, reuse_projections, batch, query_length, hidden_like.dtype,
+                                     predict_next_token, any(x is not None for x in unsupported))  # fmt: skip
+        stepping = static and cache.ring  # (a static cache's decoding step: see `_slot_masks`)
+        if not stepping:
+            cache = MemoryCache.for_forward(
+                cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
+                type(self).__name__, hidden_like.dtype, hidden_like.device,
+            )
+        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
+        key_length = memory_length + query_length
         kept = self.config.reuse_len or query_length  # pretraining remembers only the first reuse_len positions
 
         embeddings = self.word_embedding(input_ids) if inputs_embeds is None else inputs_embeds
@@ -759,10 +778,15 @@ class XLNetModel(XLNetPreTrainedModel):
         if target_mapping is not None:
             target_mapping = target_mapping.to(dtype)
 
-        query_mask, content_mask = self._attention_masks(
-            query_length, memory_length, attention_mask, input_mask, perm_mask, device
-        )
-        if predict_next_token:  # the next position sees every key but padding
+        slot_columns = None
+        if stepping:
+            slot_columns, query_mask = self._slot_masks(cache)
+            content_mask = None
+        else:
+            query_mask, content_mask = self._attention_masks(
+                query_length, memory_length, attention_mask, input_mask, perm_mask, device
+            )
+        if predict_next_token and not stepping:  # the next position sees every key but padding
             padding = input_mask if input_mask is not None else None if attention_mask is None else 1 - attention_mask
             query_mask = None if padding is None else F.pad(padding.bool(), (memory_length, 0))[:, None, None, :]
             if self.config.attn_type == "uni" and self.config.same_length:
@@ -786,9 +810,12 @@ class XLNetModel(XLNetPreTrainedModel):
         for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
-            position_keys = self._position_keys(
-                i, query_length, key_length, position_embeddings, cache if reuse_projections else None
-            )
+            if stepping:
+                position_keys = cache.layers[i].position_keys
+            else:
+                position_keys = self._position_keys(
+                    i, query_length, key_length, position_embeddings, cache if reuse_projections else None
+                )
             next_content, query_stream, probs, (key, value) = layer(
                 content,
                 query_stream,
@@ -804,6 +831,7 @@ class XLNetModel(XLNetPreTrainedModel):
                 # content update is read by nothing unless the hidden states or attentions are asked for.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
                 query_after_content=predict_next_token,
+                slot_columns=slot_columns,
             )
             if reuse_projections:  # keys / values stay aligned with the remembered positions
                 end = memory_length + kept
@@ -815,15 +843,62 @@ class XLNetModel(XLNetPreTrainedModel):
                 attentions.append(probs)
         if output_hidden_states:
             hidden_states.extend([content] if query_stream is None else [content, query_stream])
+        if stepping:
+            cache.advance()
+        elif static:  # the prompt has run: its memory moves into the static slots
+            self._start_ring(cache)
 
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(
             last_hidden_state=output,
-            mems=cache.mems if use_mems else None,
+            # (a static cache's legacy `mems` are read from its slots on demand, `cache.mems`: not at every step)
+            mems=cache.mems if use_mems and not static else None,
             cache=cache if cache_given else None,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+
+    # ----- a static cache's decoding step (`generate(..., cache_implementation="static")`) -----
+
+    def _check_static_cache(self, cache, reuse_projections, batch, query_length, dtype, predict_next_token, extra):
+        """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
+        problem = None
+        if self.config.bi_data or self.config.reuse_len:
+            problem = "supports neither bi_data nor reuse_len"
+        elif not reuse_projections or cache.step_length != 2:
+            problem = "decodes in eval mode under torch.no_grad() (as generate() does), built by generate()"
+        elif cache.ring and (query_length != 2 or not predict_next_token or extra):
+            problem = (
+                "takes the last two tokens with predict_next_token after the prompt, and no mems, masks, "
+                f"target_mapping, token_type_ids or inputs_embeds; got {query_length} tokens"
+            )
+        elif cache.ring and (cache.batch_size, cache.layers[0].hidden.dtype) != (batch, dtype):
+            problem = f"holds batch {cache.batch_size} in {cache.layers[0].hidden.dtype}; got {batch} in {dtype}"
+        if problem:
+            raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
+
+    def _slot_masks(self, cache):
+        """A static cache step's rows are the two tokens fed again (positions n-2, n-1, content stream) and the next
+        position's query (n). Returns each (row, slot) pair's column of the position scores [3, R] (the table lists
+        distances R ... -1) and the mask [1, 1, 3, R] (True = may not attend): the slots not written yet and, for
+        "uni", future keys and, with same_length, keys farther than the memory's length (as `_attention_masks`)."""
+        newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
+        distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
+        masked = (newest_distance > cache.newest - cache.oldest).expand(3, -1)
+        if self.config.attn_type == "uni":
+            masked = masked | (distances < 0)
+            if self.config.same_length:  # (the memory before the step: positions n-2-m ... n-3)
+                memory_length = (cache.newest - 1 - cache.oldest).clamp(max=cache.slot_count - 2)
+                masked = masked | (distances > memory_length)
+        return cache.slot_count - distances, masked[None, None]
+
+    def _start_ring(self, cache):
+        """After the prompt: move the static cache's memory into its slots, with each layer's position keys for the
+        distances R ... -1 that a step reads."""
+        device = self.word_embedding.weight.device
+        distances = self._relative_position_embeddings(cache.slot_count, -1, device)
+        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer])
 
 
 def _drop_newest(cache: MemoryCache, count: int):
@@ -935,6 +1010,32 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             )
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
+        """transformers' (no cache for XLNet: `prepare_inputs_for_generation` starts a MemoryCache), but for
+        `cache_implementation="static"`: a StaticMemoryCache, whose steps generate() can compile. Its slots hold
+        the max(mem_len, 2) positions a step attends to, or without mem_len every position up to `max_length`
+        (kept from call to call, as transformers' StaticCache's `max_cache_len`: a shorter prompt does not
+        recompile)."""
+        if generation_config.cache_implementation != "static":
+            return super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, batch_size, max_length
+            )
+        use_mems = model_kwargs.get("use_mems")
+        use_mems = (self.config.use_mems_train if self.training else self.config.use_mems_eval) if use_mems is None else use_mems
+        if not use_mems or model_kwargs.get("cache") is not None or model_kwargs.get("mems") is not None:
+            raise ValueError(
+                "XLNetLMHeadModel.generate: the static cache starts from the prompt with `use_mems` (eval mode); "
+                "pass no `cache` or `mems` with it, or use the default cache."
+            )
+        mem_len = self.config.mem_len or None
+        if mem_len:
+            slot_count = max(mem_len, self.generation_offset)
+        else:
+            previous = getattr(self, "_previous_max_cache_length", 0)
+            slot_count = max(max_length, generation_config.max_cache_len or 0, previous)
+            self._previous_max_cache_length = slot_count
+        model_kwargs["cache"] = StaticMemoryCache(self.config.n_layer, mem_len, slot_count, self.generation_offset)
+
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
@@ -964,7 +1065,10 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             raise ValueError("XLNetLMHeadModel.generate: `inputs_embeds` is not supported; pass `input_ids`.")
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
-        if use_mems:
+        if use_mems and isinstance(cache, StaticMemoryCache) and cache.ring:  # (its step rewrites the newest position)
+            # (a copy with its own strides: a view's would change with the length, and the compiled step with them)
+            input_ids = input_ids[:, -self.generation_offset :].clone(memory_format=torch.contiguous_format)
+        elif use_mems:
             reuse_len, mem_len = self.config.reuse_len, self.config.mem_len
             if cache is None and mems is not None:
                 cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
