@@ -1,24 +1,14 @@
-"""XLNet (Yang et al. 2019, "XLNet: Generalized Autoregressive Pretraining for Language Understanding").
+"""XLNet (Yang et al. 2019): Transformer-XL's recurrence and relative attention (Dai et al. 2019, Sec. 3.2-3.3)
+trained with permutation language modeling. Two streams run through every layer with shared weights (Sec. 2.3):
 
-XLNet is Transformer-XL's recurrence and relative attention (Dai et al. 2019, Sec. 3.2-3.3) trained with the
-permutation language-modeling objective. Two streams run through every layer with shared weights (Sec. 2.3):
+- the content stream h, from the token embeddings: position z_t sees x_{z<=t} (its own token too);
+- the query stream g, from the learned `mask_emb` w: z_t sees x_{z<t} and its position but not its own token,
+  g_theta(x_{z<t}, z_t) in p(X_{z_t} = x | x_{z<t}) = softmax_x(e(x)^T g_theta).
 
-- the content stream h, initialised with the token embeddings, where position z_t sees x_{z<=t} (its own token too);
-- the query stream g, initialised with the learned `mask_emb` w, where z_t sees x_{z<t} and its position but not its
-  own token: the target-aware representation g_theta(x_{z<t}, z_t) of the softmax
-  p(X_{z_t} = x | x_{z<t}) = exp(e(x)^T g_theta) / sum_x' exp(e(x')^T g_theta).
-
-`perm_mask[b, i, j] = 1` means i may not see j (the factorisation order); `target_mapping[b, m, j] = 1` says that the
-m-th prediction is token j (partial prediction, Sec. 2.3: only the last tokens of an order are predicted). Without
-`target_mapping` there is no query stream and the model is a plain bidirectional (or, `attn_type="uni"`, causal)
-encoder over [memory; segment].
-
-Parameter names, shapes, inputs and outputs are those of transformers' `XLNet*` classes, so the two load each
-other's checkpoints and `mems`. Memory layout: `mems` (in and out) has one tensor per layer, `mems[i]` = the input of
-layer i over the last `mem_len` positions, time-major `[mem_len, batch, d_model]`. Inside, everything is
-batch-first ([B, L, d], heads [B, H, L, d_head]); attention goes through transformers' attention interface
-(`config._attn_implementation`: "eager", "sdpa", "flex_attention"; see XLNetRelativeAttention).
-"""
+`perm_mask[b, i, j] = 1`: i may not see j; `target_mapping[b, m, j] = 1`: the m-th prediction is token j. Without
+`target_mapping` there is no query stream. Names, shapes, inputs and outputs (`mems`: one time-major
+[mem_len, batch, d_model] tensor per layer) are transformers' `XLNet*`'s; inside, tensors are batch-first and
+attention goes through transformers' attention interface (see XLNetRelativeAttention)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,8 +67,8 @@ MAX_TOKEN_TYPE_ID = 4
 
 @dataclass
 class XLNetModelOutput(ModelOutput):
-    """`last_hidden_state` [batch, num_predict or seq_len, d_model] (the query stream when `target_mapping` is given);
-    `mems`: the next segment's memory, one time-major [mem_len, batch, d_model] tensor per layer."""
+    """`last_hidden_state` [batch, num_predict or seq_len, d_model] (the query stream with `target_mapping`); `mems`:
+    one time-major [mem_len, batch, d_model] tensor per layer."""
 
     last_hidden_state: torch.Tensor | None = None
     mems: tuple[torch.Tensor, ...] | None = None
@@ -109,15 +99,11 @@ class XLNetRelativeAttention(nn.Module):
 
         score_ij = (q_i + u)^T k_j            (a) + (c): content; u = `r_w_bias`
                  + (q_i + v)^T W_r R_{i-j}    (b) + (d): relative position; v = `r_r_bias`, W_r = `r`
-                 + (q_i + b)^T s_ij           relative segment encoding; b = `r_s_bias`, s_ij = `seg_embed`[0] if
-                                              i and j are in the same segment, else `seg_embed`[1]
+                 + (q_i + b)^T s_ij           segment; b = `r_s_bias`, s_ij = `seg_embed`[0 if same segment else 1]
 
-    (a) + (c) is the dot product of `q + u` with the keys; everything else, scaled and with the masked pairs set to
-    the dtype's lowest value, is one additive score bias for transformers' attention interface, so "eager", "sdpa" and
-    "flex_attention" (`config._attn_implementation`) compute the same attention. Keys and values come from the
-    content stream over [memory; segment] for both streams; the content stream queries with h, the query stream
-    with g. Parameters keep the original [d_model, n_head, d_head] layout.
-    """
+    (a) + (c) is `q + u` against the keys; the rest, scaled and masked, is one additive score bias for transformers'
+    attention interface (`config._attn_implementation`). Both streams attend to the content stream's keys and values
+    over [memory; segment]. Parameters keep the original [d_model, n_head, d_head] layout."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -144,10 +130,9 @@ class XLNetRelativeAttention(nn.Module):
         return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
 
     def use_linear_layers(self):
-        """Replace the projections q, k, v, r (parameters [d_model, H, D], applied as x W) and o ([d_model, H, D],
-        applied as W x) by `nn.Linear` layers of the same products, so that tools that quantize or replace
-        `nn.Linear` layers reach them too (see quantization.py). The checkpoint names keep the original layout:
-        for deployment, not for saving (the state dict's names become `q.weight` ...)."""
+        """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same products,
+        so that tools that quantize `nn.Linear` layers reach them (quantization.py). For deployment, not for saving: the
+        state dict's names become `q.weight` ..."""
         for name in ("q", "k", "v", "r", "o"):
             weight = getattr(self, name).detach().flatten(1)
             weight = weight if name == "o" else weight.t()
@@ -161,19 +146,18 @@ class XLNetRelativeAttention(nn.Module):
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the whole batch: [R, d] -> [H, R, D]; with `bi_data`
-        [2, R, d] (forward, backward) -> [2, 1, H, R, D], broadcasting over the two halves of the batch."""
+        """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward,
+        backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
         keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None,
                 slot_columns=None):
-        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or
-        None). Query row i sits at distance (k - q + i) - j from key j; the position keys list the distances
-        k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query just
-        after the keys (distance k - j) reads the same keys with offset 0. A static cache's step gives instead each
-        (row, key slot) pair's column of the position scores (`slot_columns` [q, R], see `XLNetModel._slot_masks`)."""
+        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or None).
+        Query row i is at distance (k - q + i) - j from key j; the position keys list k ... -q+1 (bi) or k ... 0 (uni):
+        shift offset q, or 0 for one query just after the keys. A static cache's step gives each (row, slot) pair's
+        column instead (`slot_columns` [q, R], see `XLNetModel._slot_masks`)."""
         dtype = query.dtype
         offset = query.shape[2] if offset is None else offset
         # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
@@ -230,13 +214,9 @@ class XLNetRelativeAttention(nn.Module):
         slot_columns: torch.Tensor | None = None,
     ):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
-
-        `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
-        are a fixed projection of the memory) and extended with the new tokens'. `update_content=False` (with a
-        query stream) skips the content stream's own update, for a last layer whose content output nothing reads.
-        `query_after_content`: the query stream is one row at the position right after the segment (next-token
-        prediction). `slot_columns`: a static cache's step, whose `query_mask` covers the content rows too.
-        """
+        `cached_memory`: a cache layer whose memory keys and values are reused and extended. `update_content=False`
+        skips the content stream (a last layer's, which nothing reads); `query_after_content`: one query row right after
+        the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row)."""
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
@@ -465,10 +445,8 @@ class XLNetPoolerAnswerClass(nn.Module):
 
 
 class XLNetSequenceSummary(nn.Module):
-    """One vector per sequence (`summary_type`: last / first / mean / cls_index), then projection and activation.
-
-    XLNet puts its CLS token LAST, so with right padding "last" reads a pad: pad on the left (the tokenizer's default).
-    """
+    """One vector per sequence (`summary_type`: last / first / mean / cls_index), projected and activated. XLNet's CLS
+    is LAST: with right padding "last" reads a pad, so pad on the left (the tokenizer's default)."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -550,9 +528,8 @@ def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
-    """(batch_size, positions, described, origin) of the base model's output, known before the forward pass: one
-    position per prediction with `target_mapping`, else per token. None when the inputs have the wrong rank (the base
-    model reports them)."""
+    """(batch_size, positions, described, origin) of the base model's output, before the forward pass: one position per
+    prediction with `target_mapping`, else per token; None for inputs of the wrong rank (the base model reports them)."""
     shape = inputs_shape(input_ids, inputs_embeds)
     if shape is None or (target_mapping is not None and target_mapping.dim() != 3):
         return None
@@ -648,12 +625,8 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
-        """Sinusoid encodings R of the relative distances highest, highest-1, ..., lowest: k ... -q+1 for "bi",
-        k ... 0 for "uni".
-
-        With `bi_data` a second set encodes the negated distances (the backward direction, for the second half of
-        the batch). Distances are clamped to +-clamp_len when clamp_len > 0. fp32: [R, d] or [2, R, d].
-        """
+        """fp32 sinusoid encodings R [R, d] of the distances highest ... lowest (k ... -q+1 for "bi", k ... 0 for "uni"),
+        clamped to +-clamp_len when > 0; with `bi_data` [2, R, d], the second set negated (the batch's backward half)."""
         positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)
         if self.config.bi_data:
             positions = torch.stack([positions, -positions])
@@ -663,12 +636,9 @@ class XLNetModel(XLNetPreTrainedModel):
         return sinusoid_encoding(positions, inverse_frequencies)
 
     def _attention_masks(self, query_length, memory_length, attention_mask, input_mask, perm_mask, device):
-        """Boolean masks (True = may not attend) for the query stream and the content stream, [B|1, 1, q, m + q].
-
-        The query stream obeys the factorisation order (perm_mask), the padding and, for "uni", causality; the
-        content stream is the same except that every position also sees itself (it encodes its own token). Memory
-        is always visible. Sums then `> 0` as in the original, so a mask is the union of its parts.
-        """
+        """Boolean masks (True = may not attend) for the query and the content stream, [B|1, 1, q, m + q]: the
+        factorisation order (perm_mask), padding and, for "uni", causality; the content stream also sees itself. Memory is
+        always visible. Summed then `> 0` as in the original: a mask is the union of its parts."""
         mask = None
         if self.config.attn_type == "uni":
             # same_length: every query sees exactly memory_length + 1 keys.
@@ -715,19 +685,10 @@ class XLNetModel(XLNetPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> XLNetModelOutput:
-        """Inputs as in transformers' `XLNetModel`:
-
-        - `attention_mask` [B, L] (1 = token, 0 = padding) or its negation `input_mask` (1 = padding);
-        - `mems`: the previous segment's `outputs.mems` (always attended to when given);
-        - `perm_mask` [B, L, L]: 1 where i may not attend to j; `target_mapping` [B, num_predict, L]: the tokens to
-          predict (one-hot rows), which turns on the query stream;
-        - `token_type_ids` [B, L]: segment ids (0 ... 4), only "same segment or not" matters;
-        - `use_mems`: return the next `mems` (default: `config.use_mems_train` / `use_mems_eval`);
-        - `cache`: a MemoryCache holding the memory instead of `mems`, updated in place (used by `generate`);
-        - `predict_next_token`: run the query stream for one position right after the input, which sees every
-          token (the output is its state, [B, 1, d]): what transformers' generation gets from an appended dummy token
-          hidden by `perm_mask` and selected by `target_mapping`, without computing the dummy's content stream.
-        """
+        """Inputs as transformers' `XLNetModel`'s (`attention_mask` or its negation `input_mask`, `mems`, `perm_mask`,
+        `target_mapping`, `token_type_ids`, `use_mems`). Ours: `cache`, a MemoryCache updated in place instead of
+        `mems`; `predict_next_token`: the query stream of one position right after the input ([B, 1, d]), what
+        transformers' generation gets from its dummy token, without computing the dummy."""
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
@@ -867,22 +828,18 @@ class XLNetModel(XLNetPreTrainedModel):
         if self.config.bi_data or self.config.reuse_len:
             problem = "supports neither bi_data nor reuse_len"
         elif not reuse_projections or cache.step_length != 2:
-            problem = "decodes in eval mode under torch.no_grad() (as generate() does), built by generate()"
+            problem = "decodes in eval mode under torch.no_grad(), as generate() does"
         elif cache.ring and (query_length != 2 or not predict_next_token or extra):
-            problem = (
-                "takes the last two tokens with predict_next_token after the prompt, and no mems, masks, "
-                f"target_mapping, token_type_ids or inputs_embeds; got {query_length} tokens"
-            )
+            problem = f"takes the last two tokens with predict_next_token, nothing else; got {query_length} tokens"
         elif cache.ring and (cache.batch_size, cache.layers[0].hidden.dtype) != (batch, dtype):
             problem = f"holds batch {cache.batch_size} in {cache.layers[0].hidden.dtype}; got {batch} in {dtype}"
         if problem:
             raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
 
     def _slot_masks(self, cache):
-        """A static cache step's rows are the two tokens fed again (positions n-2, n-1, content stream) and the next
-        position's query (n). Returns each (row, slot) pair's column of the position scores [3, R] (the table lists
-        distances R ... -1) and the mask [1, 1, 3, R] (True = may not attend): the slots not written yet and, for
-        "uni", future keys and, with same_length, keys farther than the memory's length (as `_attention_masks`)."""
+        """A static cache step's rows: the two tokens fed again (positions n-2, n-1) and the query of n. Returns each
+        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the mask [1, 1, 3, R] (True = may
+        not attend): unwritten slots; for "uni" future keys and, with same_length, keys beyond the memory."""
         newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
         distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
         masked = (newest_distance > cache.newest - cache.oldest).expand(3, -1)
@@ -894,8 +851,7 @@ class XLNetModel(XLNetPreTrainedModel):
         return cache.slot_count - distances, masked[None, None]
 
     def _start_ring(self, cache):
-        """After the prompt: move the static cache's memory into its slots, with each layer's position keys for the
-        distances R ... -1 that a step reads."""
+        """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1)."""
         device = self.word_embedding.weight.device
         distances = self._relative_position_embeddings(cache.slot_count, -1, device)
         cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer])
@@ -908,15 +864,8 @@ def _drop_newest(cache: MemoryCache, count: int):
 
 
 class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
-    """XLNet with the language-modeling head (tied to the input embeddings, own bias).
-
-    Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
-    position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
-    are therefore the same targets, and are taken as such, in place of `labels` when both are given (as transformers'
-    Trainer does under context parallelism). Generation gives transformers' tokens:
-    the next token comes from the query stream of the position after the input (`predict_next_token`); with memory,
-    the last two known tokens are recomputed each step.
-    """
+    """XLNet with the language-modeling head (tied to the input embeddings, own bias). Labels are NOT shifted:
+    `labels[:, m]` is the m-th prediction's token; transformers v5's `shift_labels` are the same and replace them."""
 
     _tied_weights_keys = {"lm_loss.weight": "transformer.word_embedding.weight"}
     accepts_loss_kwargs = True
@@ -1002,29 +951,24 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
         if generation_mode == GenerationMode.ASSISTED_GENERATION:
             raise ValueError(
-                "XLNetLMHeadModel.generate: assisted decoding and prompt lookup (`assistant_model`, "
-                "`prompt_lookup_num_tokens`) are not supported. They check k draft tokens with one forward pass "
-                "that must give the distributions of k one-token steps. In XLNet's generation scheme each step "
-                "recomputes the last two tokens, which attend to each other, so one pass over the drafts cannot "
-                "reproduce them. Use greedy search, sampling or beam search."
+                "XLNetLMHeadModel.generate: assisted decoding and prompt lookup are not supported: each XLNet step "
+                "recomputes the last two tokens, which one pass over k drafts cannot reproduce. Use greedy search, "
+                "sampling or beam search."
             )
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
-        """transformers' (no cache for XLNet: `prepare_inputs_for_generation` starts a MemoryCache), but for
-        `cache_implementation="static"`: a StaticMemoryCache, whose steps generate() can compile. Its slots hold
-        the max(mem_len, 2) positions a step attends to, or without mem_len every position up to `max_length`
-        (kept from call to call, as transformers' StaticCache's `max_cache_len`: a shorter prompt does not
-        recompile)."""
+        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache of two-token
+        steps: max(mem_len, 2) slots, or without mem_len all up to `max_length`, never fewer than the last call's (as
+        transformers' StaticCache: no recompilation for another prompt length)."""
         if generation_config.cache_implementation != "static":
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_length
             )
-        use_mems = model_kwargs.get("use_mems")
-        use_mems = (self.config.use_mems_train if self.training else self.config.use_mems_eval) if use_mems is None else use_mems
-        if not use_mems or model_kwargs.get("cache") is not None or model_kwargs.get("mems") is not None:
+        use_mems = model_kwargs.get("use_mems", self.config.use_mems_eval) is not False
+        if self.training or not use_mems or any(model_kwargs.get(name) is not None for name in ("cache", "mems")):
             raise ValueError(
-                "XLNetLMHeadModel.generate: the static cache starts from the prompt with `use_mems` (eval mode); "
+                "XLNetLMHeadModel.generate: the static cache starts from the prompt with `use_mems` in eval mode; "
                 "pass no `cache` or `mems` with it, or use the default cache."
             )
         mem_len = self.config.mem_len or None
@@ -1039,23 +983,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
-        """transformers' XLNet scheme, computed without its dummy token. transformers appends a dummy token that no
-        position sees (perm_mask) and that is the only target (target_mapping); ours runs the same query stream
-        right after the input (`predict_next_token`), so the dummy's content stream, which nothing reads, is never
-        computed. With memory (`use_mems`, the default in eval) each step feeds the last two tokens again against a
-        MemoryCache whose keys and values are reused, and the cache holds exactly the positions transformers'
-        memory holds, less its dummy:
-
-        - transformers remembers the first `reuse_len` positions of [tokens; dummy] (all without `reuse_len`), then
-          the last `mem_len`. Where that includes the dummy, the dummy takes one of the `mem_len` slots, so the cache
-          keeps one position fewer for that step;
-        - before each step transformers drops the newest two positions of its memory: the dummy and the token fed
-          again, or two remembered tokens where `reuse_len` left the dummy out. The cache forgets the same ones.
-
-        A user's `mems` start the cache (expanded for beams / return sequences) and lose their newest two
-        positions, as in transformers. With `use_mems=False` transformers attends to those same positions at every
-        step, before the last two tokens: so does ours.
-        """
+        """transformers' XLNet scheme without its dummy token (docs/generation.md): the query stream runs right after the
+        input (`predict_next_token`). With `use_mems` each step feeds the last two tokens again, and the cache holds the
+        positions transformers' memory does, less the dummy. A user's `mems` lose their newest two positions, as there."""
         for unused in (
             "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
             "tokenizer",  # generate()'s, for stop strings: it comes along with the model keywords
@@ -1383,12 +1313,9 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
 
 class XLNetForQuestionAnswering(XLNetPreTrainedModel):
-    """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability.
-
-    Training (start and end positions given): end logits use the gold start; loss = (start + end) / 2, plus 0.5 x the
-    answerability BCE when `cls_index` and `is_impossible` are given. Inference: beam search over the `start_n_top`
-    best starts and, for each, the `end_n_top` best ends; the answer class uses the start-probability-weighted state.
-    """
+    """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability. Training: end
+    logits use the gold start; loss = (start + end) / 2 + 0.5 x the answerability BCE (with `cls_index` and
+    `is_impossible`). Inference: the `end_n_top` best ends of each of the `start_n_top` best starts."""
 
     accepts_loss_kwargs = False  # span losses use start/end positions, never `labels`: Trainer scales them for GA
 
@@ -1500,10 +1427,8 @@ AUTO_CLASSES = {
 
 
 def use_for_auto_classes():
-    """Make `AutoConfig` / `AutoModel*` give these classes for model type "xlnet", in this process.
-
-    Opt-in: importing the package leaves transformers' built-in XLNet in place. Undo with `use_builtin_auto_classes`.
-    """
+    """Make `AutoConfig` / `AutoModel*` give these classes for model type "xlnet", in this process (opt-in; undo with
+    `use_builtin_auto_classes`)."""
     import transformers
 
     transformers.AutoConfig.register(XLNetConfig.model_type, XLNetConfig, exist_ok=True)

@@ -119,7 +119,7 @@ def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
         model(prompt, cache=cache)
     with torch.no_grad():
         model(prompt, cache=cache, predict_next_token=True)
-        with pytest.raises(ValueError, match="takes the last two tokens with predict_next_token"):
+        with pytest.raises(ValueError, match="takes the last two tokens with predict_next_token, nothing else"):
             model(ids(2, 3), cache=cache, predict_next_token=True)
         with pytest.raises(ValueError, match="takes the last two tokens"):
             model(ids(2, 2), cache=cache, predict_next_token=True, attention_mask=torch.ones(2, 2))
