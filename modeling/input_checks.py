@@ -134,7 +134,7 @@ def check_class_ids(model: str, labels, batch_size: int, num_classes: int, what:
 
 def check_sequence_labels(model: str, config, labels, batch_size: int):
     """Sequence classification labels for `config.problem_type` (inferred when unset): class ids [batch_size] in
-    [0, num_labels) or -100; regression targets [batch_size] or [batch_size, num_labels]; multi-label targets in [0, 1]."""
+    [0, num_labels) or -100; regression targets [batch_size] or [batch_size, num_labels]; multi-label ones in [0, 1]."""
     if labels is None:
         return
     num_labels, kind = config.num_labels, problem_type(config, labels)

@@ -250,8 +250,8 @@ class MemoryCache(Cache):
             self.last_stored = new_hidden.shape[1]
 
     def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project):
-        """Projected position keys for the distances lowest+span-1 ... lowest, sliced from the layer's table; `project(n)`
-        gives distances lowest+n-1 ... lowest. A miss projects at least twice as many: amortised O(1) per step."""
+        """Projected position keys for the distances lowest+span-1 ... lowest, sliced from the layer's table;
+        `project(n)` gives distances lowest+n-1 ... lowest. A miss projects at least twice as many: amortised O(1)."""
         layer = self.layers[layer_idx]
         stored = layer.position_keys
         if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
@@ -300,8 +300,8 @@ class MemoryCache(Cache):
         self.seen_tokens = max(self.seen_tokens + tokens_to_remove, 0)  # a given memory may predate the inputs
 
     def activate_past_recording(self, recurrent_states_to_keep: int | None = None):
-        """Keep the positions `mem_len` would evict until the next `crop`, all of them whatever `recurrent_states_to_keep`
-        (transformers' count of steps a recurrent layer must roll back) says: a memory of positions rolls back any number."""
+        """Keep what `mem_len` would evict until the next `crop`, whatever `recurrent_states_to_keep` (transformers'
+        count of steps a recurrent layer must roll back) says: a memory of positions rolls back any number."""
         self.record_past = True
 
     def reset(self):
@@ -339,8 +339,8 @@ class MemoryCache(Cache):
 
 
 class RingLayer:
-    """A `StaticMemoryCache` layer: hidden [B, R, d] and keys / values [B, H, R, D] in R slots, position p in slot
-    p % R; `position_keys`, the layer's projected distances; `slots` (the cache's) are where the current step writes."""
+    """A `StaticMemoryCache` layer: hidden [B, R, d], keys / values [B, H, R, D] (position p in slot p % R) and
+    projected distances `position_keys`; a step writes in `slots` (the cache's)."""
 
     def __init__(self, hidden, keys, values, position_keys, slots):
         self.hidden, self.keys, self.values, self.position_keys, self.slots = hidden, keys, values, position_keys, slots
@@ -364,7 +364,7 @@ class StaticMemoryCache(MemoryCache):
 
     def __init__(self, num_layers: int, mem_len: int | None, slot_count: int | None = None, step_length: int = 1):
         if slot_count is None and (not mem_len or mem_len < 1):
-            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len >= 1).")
+            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len > 0).")
         super().__init__(num_layers, mem_len)
         self.slot_count = mem_len + 1 if slot_count is None else slot_count
         self.step_length = step_length

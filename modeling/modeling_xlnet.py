@@ -130,9 +130,9 @@ class XLNetRelativeAttention(nn.Module):
         return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
 
     def use_linear_layers(self):
-        """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same products,
-        so that tools that quantize `nn.Linear` layers reach them (quantization.py). For deployment, not for saving: the
-        state dict's names become `q.weight` ..."""
+        """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same
+        products, so that tools that quantize `nn.Linear` layers reach them (quantization.py). For deployment, not for
+        saving: the state dict's names become `q.weight` ..."""
         for name in ("q", "k", "v", "r", "o"):
             weight = getattr(self, name).detach().flatten(1)
             weight = weight if name == "o" else weight.t()
@@ -146,8 +146,8 @@ class XLNetRelativeAttention(nn.Module):
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d] (forward,
-        backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
+        """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d]
+        (forward, backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
         keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
@@ -156,8 +156,7 @@ class XLNetRelativeAttention(nn.Module):
                 slot_columns=None):
         """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or None).
         Query row i is at distance (k - q + i) - j from key j; the position keys list k ... -q+1 (bi) or k ... 0 (uni):
-        shift offset q, or 0 for one query just after the keys. A static cache's step gives each (row, slot) pair's
-        column instead (`slot_columns` [q, R], see `XLNetModel._slot_masks`)."""
+        shift offset q, or 0 for one query just after the keys. A static cache's step: `slot_columns`."""
         dtype = query.dtype
         offset = query.shape[2] if offset is None else offset
         # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
@@ -177,7 +176,9 @@ class XLNetRelativeAttention(nn.Module):
             segment_scores = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
             mismatch = segment_mismatch[:, None]
             position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
-        if mask is not None:  # True where query i may not see key j
+        if mask is not None and mask.is_floating_point():  # (additive: a static cache's step, see `_slot_masks`)
+            position_bias.add_(mask)
+        elif mask is not None:  # True where query i may not see key j
             position_bias.masked_fill_(mask, torch.finfo(dtype).min)
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -234,9 +235,8 @@ class XLNetRelativeAttention(nn.Module):
         if query_after_content and (
             slot_columns is not None or content_mask is None and query_mask is None and segment_mismatch is None
         ):
-            # Next-token prediction with nothing masked (or one mask for all rows): the content rows and the query
-            # row after them attend to the same keys, and the query row sits where one more content row would (shift
-            # offset `length` for all), so one attention call serves both streams.
+            # Next-token prediction with one mask (or none) for all rows: the query row sits where one more content
+            # row would (shift offset `length` for all), so one attention call serves both streams.
             if slot_columns is not None:  # (the last layer may update the query row only)
                 slot_columns, query_mask = slot_columns[-queries.shape[2] :], query_mask[:, :, -queries.shape[2] :]
             attention, probs = self._attend(queries, key, value, position_keys, query_mask, None, output_attentions,
@@ -528,8 +528,8 @@ def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
-    """(batch_size, positions, described, origin) of the base model's output, before the forward pass: one position per
-    prediction with `target_mapping`, else per token; None for inputs of the wrong rank (the base model reports them)."""
+    """(batch_size, positions, described, origin) of the base model's output, before the forward pass: one position
+    per prediction with `target_mapping`, else per token; None for inputs of the wrong rank (the model reports them)."""
     shape = inputs_shape(input_ids, inputs_embeds)
     if shape is None or (target_mapping is not None and target_mapping.dim() != 3):
         return None
@@ -625,8 +625,8 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
-        """fp32 sinusoid encodings R [R, d] of the distances highest ... lowest (k ... -q+1 for "bi", k ... 0 for "uni"),
-        clamped to +-clamp_len when > 0; with `bi_data` [2, R, d], the second set negated (the batch's backward half)."""
+        """fp32 sinusoid encodings R [R, d] of the distances highest ... lowest (k ... -q+1 for "bi", k ... 0 for
+        "uni"), clamped to +-clamp_len when > 0; with `bi_data` [2, R, d], the second set negated (backward half)."""
         positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)
         if self.config.bi_data:
             positions = torch.stack([positions, -positions])
@@ -637,8 +637,8 @@ class XLNetModel(XLNetPreTrainedModel):
 
     def _attention_masks(self, query_length, memory_length, attention_mask, input_mask, perm_mask, device):
         """Boolean masks (True = may not attend) for the query and the content stream, [B|1, 1, q, m + q]: the
-        factorisation order (perm_mask), padding and, for "uni", causality; the content stream also sees itself. Memory is
-        always visible. Summed then `> 0` as in the original: a mask is the union of its parts."""
+        factorisation order (perm_mask), padding and, for "uni", causality; the content stream also sees itself. Memory
+        is always visible. Summed then `> 0` as in the original: a mask is the union of its parts."""
         mask = None
         if self.config.attn_type == "uni":
             # same_length: every query sees exactly memory_length + 1 keys.
@@ -711,7 +711,7 @@ class XLNetModel(XLNetPreTrainedModel):
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
         remember = use_mems or cache_given
         # The memory's keys / values and the position keys are fixed projections: reusable while the weights are
-        # frozen (no dropout, no gradient: with gradients, the projections must see the memory again).
+        # frozen (no dropout, no gradient).
         reuse_projections = remember and not self.training and not torch.is_grad_enabled()
         static = isinstance(cache, StaticMemoryCache)
         if static:
@@ -741,7 +741,7 @@ class XLNetModel(XLNetPreTrainedModel):
 
         slot_columns = None
         if stepping:
-            slot_columns, query_mask = self._slot_masks(cache)
+            slot_columns, query_mask = self._slot_masks(cache, dtype)
             content_mask = None
         else:
             query_mask, content_mask = self._attention_masks(
@@ -788,8 +788,7 @@ class XLNetModel(XLNetPreTrainedModel):
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
-                # With a query stream only g is returned and the memory keeps layer inputs: the last layer's
-                # content update is read by nothing unless the hidden states or attentions are asked for.
+                # With a query stream, the last layer's content update is read only as a hidden state / attention.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
                 query_after_content=predict_next_token,
                 slot_columns=slot_columns,
@@ -812,7 +811,7 @@ class XLNetModel(XLNetPreTrainedModel):
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(
             last_hidden_state=output,
-            # (a static cache's legacy `mems` are read from its slots on demand, `cache.mems`: not at every step)
+            # (a static cache's `mems`: `cache.mems`, on demand)
             mems=cache.mems if use_mems and not static else None,
             cache=cache if cache_given else None,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
@@ -825,8 +824,8 @@ class XLNetModel(XLNetPreTrainedModel):
     def _check_static_cache(self, cache, reuse_projections, batch, query_length, dtype, predict_next_token, extra):
         """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
         problem = None
-        if self.config.bi_data or self.config.reuse_len:
-            problem = "supports neither bi_data nor reuse_len"
+        if self.config.bi_data or self.config.reuse_len or cache.step_length != 2:
+            problem = "is generate()'s (two tokens a step), without bi_data or reuse_len"
         elif not reuse_projections or cache.step_length != 2:
             problem = "decodes in eval mode under torch.no_grad(), as generate() does"
         elif cache.ring and (query_length != 2 or not predict_next_token or extra):
@@ -836,19 +835,21 @@ class XLNetModel(XLNetPreTrainedModel):
         if problem:
             raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
 
-    def _slot_masks(self, cache):
+    def _slot_masks(self, cache, dtype):
         """A static cache step's rows: the two tokens fed again (positions n-2, n-1) and the query of n. Returns each
-        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the mask [1, 1, 3, R] (True = may
-        not attend): unwritten slots; for "uni" future keys and, with same_length, keys beyond the memory."""
+        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]:
+        the dtype's lowest value for "uni"'s future keys and, with same_length, keys beyond the memory; -inf on
+        unwritten slots, so that a row seeing no key averages the keys held, as with the default cache."""
         newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
         distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
-        masked = (newest_distance > cache.newest - cache.oldest).expand(3, -1)
-        if self.config.attn_type == "uni":
-            masked = masked | (distances < 0)
-            if self.config.same_length:  # (the memory before the step: positions n-2-m ... n-3)
-                memory_length = (cache.newest - 1 - cache.oldest).clamp(max=cache.slot_count - 2)
-                masked = masked | (distances > memory_length)
-        return cache.slot_count - distances, masked[None, None]
+        masked = (distances < 0) & (self.config.attn_type == "uni")
+        if self.config.attn_type == "uni" and self.config.same_length:  # (the memory: positions n-2-m ... n-3)
+            memory_length = (cache.newest - 1 - cache.oldest).clamp(max=cache.slot_count - 2)
+            masked = masked | (distances > memory_length)
+        mask = torch.zeros(distances.shape, dtype=dtype, device=distances.device)
+        mask.masked_fill_(masked, torch.finfo(dtype).min)
+        mask.masked_fill_(newest_distance > cache.newest - cache.oldest, -torch.inf)
+        return cache.slot_count - distances, mask[None, None]
 
     def _start_ring(self, cache):
         """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1)."""
@@ -958,9 +959,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
-        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache of two-token
-        steps: max(mem_len, 2) slots, or without mem_len all up to `max_length`, never fewer than the last call's (as
-        transformers' StaticCache: no recompilation for another prompt length)."""
+        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache:
+        max(mem_len, 2) slots, or all up to `max_length`, never fewer than the last call's (as StaticCache)."""
         if generation_config.cache_implementation != "static":
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_length
@@ -983,9 +983,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
-        """transformers' XLNet scheme without its dummy token (docs/generation.md): the query stream runs right after the
-        input (`predict_next_token`). With `use_mems` each step feeds the last two tokens again, and the cache holds the
-        positions transformers' memory does, less the dummy. A user's `mems` lose their newest two positions, as there."""
+        """transformers' XLNet scheme without its dummy token (docs/generation.md): the query stream runs right after
+        the input (`predict_next_token`). With `use_mems` each step feeds the last two tokens again, and the cache
+        holds the positions transformers' memory does, less the dummy. Given `mems` lose their newest two, as there."""
         for unused in (
             "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
             "tokenizer",  # generate()'s, for stop strings: it comes along with the model keywords
@@ -1298,8 +1298,7 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         end_logits = end_logits.squeeze(-1).contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions past the end of the sequence are ignored, as in transformers: the answer lies outside this
-            # window of a long context (a batch of such windows has a loss of 0).
+            # Positions past the end are ignored, as in transformers: the answer lies outside this window.
             def span_loss(logits, positions):
                 positions = positions.reshape(-1)
                 targets = positions.where(positions < logits.shape[1], IGNORE_INDEX)
@@ -1313,11 +1312,11 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
 
 class XLNetForQuestionAnswering(XLNetPreTrainedModel):
-    """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability. Training: end
-    logits use the gold start; loss = (start + end) / 2 + 0.5 x the answerability BCE (with `cls_index` and
-    `is_impossible`). Inference: the `end_n_top` best ends of each of the `start_n_top` best starts."""
+    """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability.
+    Training: end logits use the gold start; loss = (start + end) / 2 + 0.5 x the answerability BCE (with
+    `cls_index`, `is_impossible`). Inference: the `end_n_top` best ends of each of the `start_n_top` best starts."""
 
-    accepts_loss_kwargs = False  # span losses use start/end positions, never `labels`: Trainer scales them for GA
+    accepts_loss_kwargs = False  # (as XLNetForQuestionAnsweringSimple)
 
     def __init__(self, config: XLNetConfig):
         super().__init__(config)

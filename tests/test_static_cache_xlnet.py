@@ -62,17 +62,16 @@ def test_256_greedy_tokens_equal_the_default_caches():
     assert_greedy_decodings_agree(static.sequences, static.scores, default.sequences, default.scores, atol=TOLERANCE)
 
 
-# "uni" with same_length and an empty memory (a one-token prompt's first step, mem_len <= 2) is left out: there the
-# next position's query sees no key at all, and both caches give it the uniform average of what they hold, the
-# default cache over its two tokens, the static cache over all its slots (an output no trained model relies on).
+# mem_len 2 and a one-token prompt's first step: the memory is empty, and under "uni" with same_length the next
+# position's query then sees no key: it averages the keys held, the two fed tokens (slots not written stay out).
 @pytest.mark.parametrize(
     "overrides",
     [dict(attn_type="uni"), dict(attn_type="uni", same_length=True), dict(clamp_len=3), dict(same_length=True)],
 )
-@pytest.mark.parametrize("mem_len", [None, 6])
+@pytest.mark.parametrize("mem_len", [None, 2, 6])
 def test_every_attention_option_equals_the_default_cache(overrides, mem_len):
     model = scrambled_lm(mem_len=mem_len, **overrides)
-    for length in (3, 9):
+    for length in (1, 9):
         assert_same(*generate_both(model, ids(2, length), max_new_tokens=12))
 
 
@@ -108,12 +107,14 @@ def test_a_static_decoding_step_makes_no_host_sync():
 def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
     prompt = ids(2, 4)
     for overrides in (dict(bi_data=True), dict(reuse_len=2)):
-        with pytest.raises(ValueError, match="supports neither bi_data nor reuse_len"):
+        with pytest.raises(ValueError, match="without bi_data or reuse_len"):
             scrambled_lm(mem_len=6, **overrides).generate(prompt, cache_implementation="static", max_new_tokens=2)
     model = scrambled_lm(mem_len=6)
     for given in (dict(use_mems=False), dict(mems=model(prompt, use_mems=True).mems)):
         with pytest.raises(ValueError, match="pass no `cache` or `mems` with it"):
             model.generate(prompt, cache_implementation="static", max_new_tokens=2, **given)
+    with torch.no_grad(), pytest.raises(ValueError, match="generate\(\)'s \(two tokens a step\)"):
+        model(prompt, cache=StaticMemoryCache(model.config.n_layer, 6), predict_next_token=True)  # (Transformer-XL's)
     cache = StaticMemoryCache(model.config.n_layer, 6, slot_count=6, step_length=2)
     with pytest.raises(ValueError, match="eval mode under torch.no_grad"):
         model(prompt, cache=cache)
