@@ -113,7 +113,7 @@ def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
     for given in (dict(use_mems=False), dict(mems=model(prompt, use_mems=True).mems)):
         with pytest.raises(ValueError, match="pass no `cache` or `mems` with it"):
             model.generate(prompt, cache_implementation="static", max_new_tokens=2, **given)
-    with torch.no_grad(), pytest.raises(ValueError, match="generate\(\)'s \(two tokens a step\)"):
+    with torch.no_grad(), pytest.raises(ValueError, match=r"generate\(\)'s \(two tokens a step\)"):
         model(prompt, cache=StaticMemoryCache(model.config.n_layer, 6), predict_next_token=True)  # (Transformer-XL's)
     cache = StaticMemoryCache(model.config.n_layer, 6, slot_count=6, step_length=2)
     with pytest.raises(ValueError, match="eval mode under torch.no_grad"):
