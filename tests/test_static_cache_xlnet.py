@@ -56,9 +56,10 @@ def test_greedy_equals_the_default_cache_for_every_memory_length(mem_len, batch)
         assert static.cache.get_seq_length() == static.sequences.shape[1] - 1  # every token but the last
 
 
-def test_256_greedy_tokens_equal_the_default_caches():
+@pytest.mark.parametrize("batch, prompt_length", [(1, 16), (4, 1024)])
+def test_256_greedy_tokens_equal_the_default_caches(batch, prompt_length):
     model = scrambled_lm(mem_len=None)
-    default, static = generate_both(model, ids(1, 16), max_new_tokens=256)
+    default, static = generate_both(model, ids(batch, prompt_length), max_new_tokens=256)
     assert_greedy_decodings_agree(static.sequences, static.scores, default.sequences, default.scores, atol=TOLERANCE)
 
 
