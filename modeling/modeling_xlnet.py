@@ -707,7 +707,6 @@ class XLNetModel(XLNetPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping, token_type_ids
         )
         cache_given = cache is not None
-        # `mem_len` None or 0 keeps every past position.
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
         remember = use_mems or cache_given
         # The memory's keys / values and the position keys are fixed projections: reusable while the weights are
@@ -719,7 +718,7 @@ class XLNetModel(XLNetPreTrainedModel):
             self._check_static_cache(cache, reuse_projections, batch, query_length, hidden_like.dtype,
                                      predict_next_token, any(x is not None for x in unsupported))  # fmt: skip
         stepping = static and cache.ring  # (a static cache's decoding step: see `_slot_masks`)
-        if not stepping:
+        if not stepping:  # (`mem_len` None or 0 keeps every past position)
             cache = MemoryCache.for_forward(
                 cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
                 type(self).__name__, hidden_like.dtype, hidden_like.device,
