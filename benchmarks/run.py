@@ -28,7 +28,7 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
 - `generation`: new tokens/s of greedy decoding (`bench_generation.py`), ours against both references, and ours
   against the weight-streaming floor: the bytes of weights a decoding step must read (`streamed_weight_bytes`)
   over the memory bandwidth of a matrix-vector product (`gemv_bandwidth`);
-- `static`: Transformer-XL's decoding with the static cache and generate()'s compiled step against ours eager, fp32
+- `static`: both models' decoding with the static cache and generate()'s compiled step against ours eager, fp32
   and bf16, at the deploy workload's decoding shapes (`measure_static_decoding`; on `--device cuda` the step runs as
   CUDA graphs, mode "reduce-overhead");
 - `stream`: Transformer-XL evaluation of a long stream with the memory (segments of half the attention length,
@@ -630,32 +630,35 @@ def measure_generation(run: Run):
 
 
 def measure_static_decoding(run: Run):
-    """Transformer-XL decoding with the static cache and generate()'s compiled step against ours eager (default
-    cache), at the deploy workload's decoding shapes (mem_len 128, prompt 64; the issue configuration and
-    transfo-xl-wt103's shape, all its layers), fp32 and bf16 weights, with the first call's seconds (compilation
-    included) and the time over the weight-streaming floor. --quick: the tiny configuration, fp32, not compiled
-    (compiling takes seconds even there)."""
+    """Decoding with the static cache and generate()'s compiled step against ours eager (default cache), for both
+    models at the deploy workload's decoding shapes (mem_len 128, prompt 64; the issue configuration and the
+    pretrained checkpoints' shapes, all their layers), fp32 and bf16 weights, with the first call's seconds
+    (compilation included) and the time over the weight-streaming floor. --quick: the tiny configurations, fp32,
+    not compiled (compiling takes seconds even there)."""
     import bench_generation
     import transformers_xl
 
     if not run.gemv_bandwidth:
         measure_peak(run, "for the floor")
-    cases = deploy_cases(run.args.quick)[:1] + ([] if run.args.quick else pretrained_decode_cases(False)[:1])
+    cases = deploy_cases(run.args.quick) + ([] if run.args.quick else pretrained_decode_cases(False))
     dtypes = [torch.float32] if run.args.quick else [torch.float32, torch.bfloat16]
     prompt, new_tokens = (8, 4) if run.args.quick else (64, 12)
+    classes = {"transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
+               "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel)}  # fmt: skip
     for case in cases:
-        model = transformers_xl.TransfoXLLMHeadModel(transformers_xl.TransfoXLConfig(**case.config))
+        config_class, model_class = classes[case.model]
+        model = model_class(config_class(**case.config))
         fp32_bytes = bench_generation.streamed_weight_bytes(model)
         del model
         for dtype in dtypes:
             sides, first_call, same = bench_generation.bench_static(
                 case.config, prompt, run.args.rounds, new_tokens, run.args.device, dtype, run.args.attn_implementation,
-                compiled=not run.args.quick,
+                compiled=not run.args.quick, model_type=case.model,
             )
             weight_bytes = fp32_bytes * torch.finfo(dtype).bits // 32
-            run.add("static", case.name, "Transformer-XL", f"{str(dtype).removeprefix('torch.')}, prompt {prompt}",
-                    "s/token", sides, first_call_seconds=first_call, identical_tokens=same, compiled=not run.args.quick,
-                    floor_seconds=weight_bytes / run.gemv_bandwidth)  # fmt: skip
+            run.add("static", case.name, MODEL_NAMES[case.model], f"{str(dtype).removeprefix('torch.')}, "
+                    f"prompt {prompt}", "s/token", sides, first_call_seconds=first_call, identical_tokens=same,
+                    compiled=not run.args.quick, floor_seconds=weight_bytes / run.gemv_bandwidth)  # fmt: skip
             print_row(run.rows[-1])
 
 
@@ -844,7 +847,7 @@ SECTIONS = {
     "floor": ("Generation against the weight-streaming floor (weights a step reads / matrix-vector bandwidth): new "
               "tokens/s, median / best; ours' time over the floor's",
               ["configuration", "model", "workload", "ours", "floor", "ours / floor (time)", "weights read per token"]),
-    "static": ("Transformer-XL decoding, batch 1, with the static cache and generate()'s compiled step (inductor; CUDA "
+    "static": ("Decoding, batch 1, with the static cache and generate()'s compiled step (inductor; CUDA "
                "graphs on a GPU) against ours eager with the default cache: new tokens/s, median / best; speed-up; "
                "static time over the weight-streaming floor; first static call (prompt, compilation, 2 steps)",
                ["configuration", "model", "workload", "static", "eager", "speed-up", "static / floor",

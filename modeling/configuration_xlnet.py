@@ -14,24 +14,16 @@ ATTENTION_TYPES = ("bi", "uni")
 
 
 class XLNetConfig(PreTrainedConfig):
-    """Configuration of an XLNet model (Yang et al. 2019).
+    """Configuration of an XLNet model (Yang et al. 2019), with the field names and defaults of transformers'
+    `XLNetConfig` (model type `xlnet`), so `config.json` files move between the two unchanged; legacy spellings
+    (`n_token`, `mem_len: null`, the original code's run-time fields) are accepted. Notable fields:
 
-    Field names and defaults are those of transformers' `XLNetConfig` (model type `xlnet`), so checkpoints and their
-    `config.json` move between the two libraries unchanged. Legacy spellings are accepted: `n_token` (= vocab_size),
-    `mem_len: null`, and the run-time fields of the original code. Notable fields:
-
-    - `attn_type`: "bi" (XLNet, bidirectional content stream) or "uni" (Transformer-XL style causal attention);
-    - `mem_len`: how many past hidden states each layer keeps as memory (None or 0: keep everything);
-      `reuse_len`: only the first `reuse_len` positions of a segment enter the memory (pretraining used 256 of 512);
-    - `use_mems_eval` / `use_mems_train`: whether `mems` are returned by default in eval / train mode;
-    - `bi_data`: the first half of the batch uses forward relative positions, the second half backward ones
-      (pretraining only; the batch size must be even);
-    - `clamp_len`: relative distances beyond it share one encoding (<= 0: no clamping);
-    - `same_length`: with `attn_type="uni"`, every query attends to the same number of keys;
-    - `ff_activation`: "gelu" (exact, the Hub configs) or "gelu_new" (tanh approximation, the original TF code);
-    - `summary_*`: the sequence summary of the classification / multiple-choice heads;
-    - `start_n_top` / `end_n_top`: the beam sizes of `XLNetForQuestionAnswering` at inference.
-    """
+    - `attn_type`: "bi" (XLNet) or "uni" (causal, Transformer-XL style); `same_length`: "uni" queries see as many keys;
+    - `mem_len`: past positions each layer remembers (None or 0: all); `reuse_len`: only a segment's first
+      `reuse_len` positions enter the memory (pretraining: 256 of 512); `use_mems_eval` / `use_mems_train`;
+    - `bi_data`: the batch's second half uses backward relative positions (pretraining; even batch sizes);
+    - `clamp_len`: distances beyond it share one encoding (<= 0: none); `ff_activation`: "gelu" or "gelu_new";
+    - `summary_*`: the classification heads' sequence summary; `start_n_top` / `end_n_top`: the QA head's beams."""
 
     model_type = "xlnet"
     keys_to_ignore_at_inference = ["mems"]

@@ -1,13 +1,8 @@
-"""Checks of a forward pass's inputs, shared by Transformer-XL and XLNet, so that bad input fails before any
-computation with a message naming the argument, what it got and what was expected (instead of a shape error deep
-inside torch, or a silently wrong loss).
-
-Shapes, dtypes and devices are known on the host, so those checks cost nothing. Checks of the values (ids in the
-vocabulary, labels in range) never read the data on the host (a GPU would stall for it): they are in-graph
-assertions (`torch._assert_async`, like transformers' `torch_compilable_check`). On CPU the assertion fails at once,
-and the check then reports the invalid values in a ValueError; on an accelerator it is a device-side assert; in a
-compiled or traced graph, a RuntimeError with the same expectation.
-"""
+"""Checks of a forward pass's inputs, shared by Transformer-XL and XLNet: bad input fails before any computation,
+naming the argument, what it got and what was expected. Shapes, dtypes and devices cost nothing to check. Values
+(ids in the vocabulary, labels in range) are checked without a host sync, by in-graph assertions
+(`torch._assert_async`, like transformers' `torch_compilable_check`): on CPU a ValueError reports the invalid
+values; on an accelerator it is a device-side assert; in a compiled graph, a RuntimeError."""
 
 import torch
 
@@ -15,11 +10,9 @@ IGNORE_INDEX = -100  # the label value every loss skips (transformers' conventio
 
 
 def check_all(model: str, argument: str, valid: torch.Tensor, values: torch.Tensor, expected: str):
-    """Fail unless the boolean tensor `valid` is all True, without a host sync (see the module docstring). Where the
-    assertion fails at once (CPU, eager), a ValueError names the range of the invalid `values`.
-
-    `expected` must not print a size the graph may trace as a symbol (a sequence length): formatting it would
-    specialise the graph to that size, hence one recompilation per length."""
+    """Fail unless the boolean tensor `valid` is all True, without a host sync; where the assertion fails at once (CPU,
+    eager), a ValueError names the range of the invalid `values`. `expected` must not print a traced size (a sequence
+    length): the graph would be specialised to it, one recompilation per length."""
     message = f"{model}: `{argument}` has values out of range; expected {expected}."
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         torch._assert_async(valid.all(), message)
@@ -140,9 +133,8 @@ def check_class_ids(model: str, labels, batch_size: int, num_classes: int, what:
 
 
 def check_sequence_labels(model: str, config, labels, batch_size: int):
-    """Sequence classification labels for `config.problem_type` (inferred from the labels when unset):
-    single-label class ids [batch_size] in [0, num_labels) or -100; regression targets [batch_size] (one label) or
-    [batch_size, num_labels]; multi-label targets [batch_size, num_labels] in [0, 1]."""
+    """Sequence classification labels for `config.problem_type` (inferred when unset): class ids [batch_size] in
+    [0, num_labels) or -100; regression targets [batch_size] or [batch_size, num_labels]; multi-label ones in [0, 1]."""
     if labels is None:
         return
     num_labels, kind = config.num_labels, problem_type(config, labels)
@@ -164,11 +156,8 @@ def check_sequence_labels(model: str, config, labels, batch_size: int):
 
 
 def check_span_positions(model: str, argument: str, positions, batch_size: int, seq_len: int, ignore_beyond: bool):
-    """Answer-span positions [batch_size]: integers in [0, seq_len).
-
-    With `ignore_beyond`, positions at or past the end pass: transformers' simple QA head ignores them (the answer
-    lies outside this window of a long context). Negative positions are always refused: transformers would clamp them
-    to position 0 and train towards it."""
+    """Answer-span positions [batch_size]: integers in [0, seq_len). With `ignore_beyond`, positions at or past the end
+    pass (transformers' simple QA head ignores them); negative ones never (transformers would clamp them to 0)."""
     if positions is None:
         return
     check_integer(model, argument, positions, "token positions")

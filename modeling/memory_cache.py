@@ -1,19 +1,11 @@
 """The recurrent memory as a transformers `Cache`, so that `generate()` can carry it.
 
-Unlike a key/value cache, the memory stores each layer's *input hidden states* for the last `mem_len` tokens
-(Transformer-XL / XLNet segment-level recurrence). Because the keys and values of those positions are a fixed
-projection of the hidden states, they may be kept beside them and reused while the weights do not change (no
-gradient, eval mode): a decoding step then projects only the new token. The cache also keeps each layer's projected
-relative-position keys for the longest span seen, so a step re-projects nothing. Nothing else is kept: no copies of
-weights, nothing shared between caches.
-
-Tensors are batch-first: hidden [batch, mem, d_model], keys / values [batch, heads, mem, d_head]. The legacy
-time-major `mems` tuple is available as `cache.mems`.
-
-The memory grows in place (`GrowingTensor`): a decoding step writes its new positions after the old ones instead of
-copying the whole memory. So the `mems` a forward returns beside a `cache` are views of that cache: positions it
-later forgets (`crop`) may be overwritten by the next steps. Clone them to keep them.
-"""
+The memory stores each layer's *input hidden states* for the last `mem_len` tokens (segment-level recurrence). Their
+keys and values, a fixed projection of them, are kept beside them and reused while the weights do not change (no
+gradient, eval mode), as are each layer's projected relative-position keys: a decoding step projects only its new
+tokens. No copies of weights, nothing shared between caches. Batch-first: hidden [B, m, d], keys / values
+[B, H, m, D]; `cache.mems` is the legacy time-major tuple. The memory grows in place (`GrowingTensor`), so `mems`
+returned beside a `cache` are views of it, which later steps may overwrite: clone them to keep them."""
 
 import torch
 from transformers.cache_utils import Cache
@@ -45,16 +37,9 @@ def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, d
 
 
 class GrowingTensor:
-    """A tensor that grows along one axis with room reserved after its end, so that appending a few positions
-    writes only them instead of copying the whole tensor (what `torch.cat` would do at every decoding step).
-
-    `tensor` is a view of `buffer`. Appends write in place into the reserved room, which lies beyond every view
-    handed out so far except views of positions since forgotten (`drop_newest`). A buffer we did not allocate (a
-    user's `mems`, a layer's activations) is never written: the first append copies the positions into an exact
-    new buffer, so a memory that lives for one forward pass (legacy `mems` in, `mems` out) holds no spare room.
-    When one of our buffers runs out of room, the positions move to a new one with as much room again as they
-    fill, so a memory that grows or slides by one position per step is copied amortised O(1) times.
-    """
+    """A tensor that grows along one axis into room reserved after its end: appending writes only the new positions
+    (`torch.cat` would copy all at every step). `tensor` is a view of `buffer`; a buffer we did not allocate (a
+    user's `mems`) is never written. Out of room, the positions move to a buffer twice their size: amortised O(1)."""
 
     def __init__(self, tensor: torch.Tensor, axis: int):
         self.buffer, self.axis, self.writable = tensor, axis, False
@@ -114,11 +99,8 @@ class GrowingTensor:
 
 
 def key_values_over(memory: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor, project):
-    """Keys and values [B, H, m + q, D] of [memory; segment] from the segment's own (`key`, `value` [B, H, q, D]),
-    `project` mapping the memory [B, m, d] to its keys and values. The two parts are projected apart and the
-    results joined: joining the inputs instead would make one more [B, m + q, d] copy, kept for the backward pass
-    as the projection's input, and leave the keys as strided views, which every attention product would copy
-    again."""
+    """Keys and values [B, H, m + q, D] of [memory; segment]: the segment's own joined to `project(memory)`'s
+    (joining the inputs instead would keep one more [B, m + q, d] copy for backward and leave the keys strided)."""
     if memory is None:
         return key, value
     memory_key, memory_value = project(memory)
@@ -184,16 +166,8 @@ class MemoryLayer:
 
 
 class MemoryCache(Cache):
-    """Segment-level memory of a Transformer-XL-family model, one `MemoryLayer` per layer.
-
-    `mem_len=None` keeps every position (XLNet's `mem_len: null`). `get_seq_length()` counts the tokens the model
-    has consumed, so `generate` knows which inputs are new.
-
-    Assisted decoding rolls the memory back after verifying draft tokens: it calls `activate_past_recording()`, after
-    which a forward keeps the positions `mem_len` would evict until the next `crop` (transformers' convention:
-    `crop(-n)` forgets the newest n positions), which then keeps the last `mem_len`. The rollback is then exact: the
-    memory is what the forward would have left had it seen only the accepted tokens.
-    """
+    """Segment-level memory, one `MemoryLayer` per layer; `mem_len=None` keeps every position. For assisted decoding,
+    `activate_past_recording()` keeps what `mem_len` would evict until the next `crop`: the rollback is exact."""
 
     def __init__(self, num_layers: int, mem_len: int | None):
         super().__init__(layers=[MemoryLayer() for _ in range(num_layers)])
@@ -220,9 +194,8 @@ class MemoryCache(Cache):
     def for_forward(
         cls, cache, mems, num_layers: int, mem_len: int | None, batch_size: int, width: int, model: str, dtype, device
     ):
-        """The memory a forward pass attends to and updates: `cache` itself, the legacy `mems` wrapped, or a new
-        empty cache. Whatever is given must fit the model, the batch and the hidden states' dtype and device (a
-        clear ValueError / TypeError otherwise, see `check_mems`)."""
+        """The memory a forward pass attends to and updates: `cache`, the legacy `mems` wrapped, or a new empty cache,
+        checked against the model, the batch and the hidden states' dtype and device (`check_mems`)."""
         if cache is not None and mems is not None:
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
@@ -237,10 +210,8 @@ class MemoryCache(Cache):
         return cache
 
     def _copy_inference_tensors(self):
-        """Memory made under `torch.inference_mode` (e.g. by an evaluation pass) may not enter a computation that
-        autograd records ("Inference tensors cannot be saved for backward"): copy it once into ordinary tensors.
-        Nothing is lost: the memory is stop-gradient anyway. Its stored keys and values are only read without
-        gradients, where inference tensors are fine."""
+        """Memory made under `torch.inference_mode` cannot be saved for a backward pass: copy it once into ordinary
+        tensors (it is stop-gradient anyway; the stored keys and values are read only without gradients)."""
         for layer in self.layers:
             if layer.hidden is not None and layer.hidden.is_inference():
                 layer.hidden = layer.hidden.clone()
@@ -267,11 +238,8 @@ class MemoryCache(Cache):
         return None if layer.keys is None else layer
 
     def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
-        """Append a segment's layer inputs (detached: stop-gradient) and keep the last `mem_len`.
-
-        `keys` / `values`, when given, must cover [old memory; new_hidden] exactly; they are kept aligned with the
-        hidden states. Without them any stored keys are dropped (they would no longer match).
-        """
+        """Append a segment's layer inputs (detached) and keep the last `mem_len`. `keys` / `values`, when given, cover
+        [old memory; new_hidden] exactly; without them any stored keys are dropped (they would no longer match)."""
         layer = self.layers[layer_idx]
         keys, values = (None if tensor is None else tensor.detach() for tensor in (keys, values))
         layer.append(new_hidden.detach(), keys, values)
@@ -282,11 +250,8 @@ class MemoryCache(Cache):
             self.last_stored = new_hidden.shape[1]
 
     def position_keys(self, layer_idx: int, span: int, lowest_distance: int, project):
-        """Projected relative-position keys for the distances lowest+span-1 ... lowest, sliced from the layer's table.
-
-        `project(n)` must return the keys of distances lowest+n-1 ... lowest. On a miss the table is recomputed at
-        least twice as long, so a memory that grows by one token per step costs amortised O(1) projections. The
-        table lives in this cache only."""
+        """Projected position keys for the distances lowest+span-1 ... lowest, sliced from the layer's table;
+        `project(n)` gives distances lowest+n-1 ... lowest. A miss projects at least twice as many: amortised O(1)."""
         layer = self.layers[layer_idx]
         stored = layer.position_keys
         if stored is None or layer.lowest_distance != lowest_distance or stored.shape[-2] < span:
@@ -318,10 +283,8 @@ class MemoryCache(Cache):
             layer.map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Forget the newest `-tokens_to_remove` positions (transformers' convention: a count <= 0), then keep the
-        last `mem_len` (positions kept past it by `activate_past_recording`). This restores the earlier memory
-        exactly while past positions are recorded or no older token has been evicted (`is_croppable`); otherwise
-        the memory is just shorter."""
+        """Forget the newest `-tokens_to_remove` positions (transformers' convention: a count <= 0), then keep the last
+        `mem_len`: an exact rollback while past positions are recorded or none was evicted (`is_croppable`)."""
         if tokens_to_remove > 0:
             raise ValueError(
                 f"MemoryCache.crop: got {tokens_to_remove}; expected minus the number of positions to remove "
@@ -337,9 +300,8 @@ class MemoryCache(Cache):
         self.seen_tokens = max(self.seen_tokens + tokens_to_remove, 0)  # a given memory may predate the inputs
 
     def activate_past_recording(self, recurrent_states_to_keep: int | None = None):
-        """Keep the positions `mem_len` would evict until the next `crop` (see the class docstring). Every position is
-        kept, whatever `recurrent_states_to_keep` says: transformers (5.25 on) passes the number of steps a recurrent
-        layer must be able to roll back, and a memory of positions can roll back any number."""
+        """Keep what `mem_len` would evict until the next `crop`, whatever `recurrent_states_to_keep` (transformers'
+        count of steps a recurrent layer must roll back) says: a memory of positions rolls back any number."""
         self.record_past = True
 
     def reset(self):
@@ -374,3 +336,121 @@ class MemoryCache(Cache):
 
     def __repr__(self):
         return f"MemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"
+
+
+class RingLayer:
+    """A `StaticMemoryCache` layer: hidden [B, R, d], keys / values [B, H, R, D] (position p in slot p % R) and
+    projected distances `position_keys`; a step writes in `slots` (the cache's)."""
+
+    def __init__(self, hidden, keys, values, position_keys, slots):
+        self.hidden, self.keys, self.values, self.position_keys, self.slots = hidden, keys, values, position_keys, slots
+
+    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
+        self.keys.index_copy_(2, self.slots, new_keys)
+        self.values.index_copy_(2, self.slots, new_values)
+        return self.keys, self.values
+
+    def map_batch(self, fn):
+        """In place: the buffers keep their addresses (compiled steps and CUDA graphs read them there)."""
+        for buffer in (self.hidden, self.keys, self.values):
+            buffer.copy_(fn(buffer))
+
+
+class StaticMemoryCache(MemoryCache):
+    """A `MemoryCache` whose decoding steps all have the same shapes, for generate() to compile
+    (`cache_implementation="static"`). After the prompt, `start_ring` moves the memory into `slot_count` slots
+    (default mem_len + 1); a step writes `step_length` positions from `position` on and attends to every slot by its
+    distance (`slot_distances`). The counters are 0-d tensors updated in place: data, not shapes."""
+
+    def __init__(self, num_layers: int, mem_len: int | None, slot_count: int | None = None, step_length: int = 1):
+        if slot_count is None and (not mem_len or mem_len < 1):
+            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len > 0).")
+        super().__init__(num_layers, mem_len)
+        self.slot_count = mem_len + 1 if slot_count is None else slot_count
+        self.step_length = step_length
+        self.ring = False
+
+    def start_ring(self, position_keys, attendable: torch.Tensor | None = None):
+        """Move each layer's memory and its keys / values into the slots; `position_keys`: one table per layer;
+        `attendable` [B, m]: False for padding (kept in slots too), None when padding is not tracked."""
+        held, count = self.layers[0].hidden.shape[1], self.slot_count
+        device = self.layers[0].hidden.device
+        first = self.seen_tokens - self.step_length + 1  # what the next step writes first
+        # (< 0 after `mems` or zero slots; XLNet's first step writes its newest remembered position again)
+        self.oldest = torch.tensor(min(self.seen_tokens - held, first), device=device)
+        self.position = torch.tensor(first, device=device)
+        self.step_offsets = torch.arange(self.step_length, device=device)
+        self.slots = (self.position + self.step_offsets).remainder(count)
+        slots = torch.arange(self.seen_tokens - held, self.seen_tokens, device=device).remainder(count)
+
+        def ring(tensor, axis):
+            shape = list(tensor.shape)
+            shape[axis] = count
+            buffer = tensor.new_zeros(shape).index_copy_(axis, slots, tensor)
+            torch._dynamo.mark_static_address(buffer)
+            return buffer
+
+        self.attendable = None if attendable is None else ring(attendable, 1)
+        self.layers = [
+            RingLayer(ring(layer.hidden, 1), ring(layer.keys, 2), ring(layer.values, 2), table, self.slots)
+            for layer, table in zip(self.layers, position_keys)
+        ]
+        for counter in (self.position, self.oldest, self.slots):
+            torch._dynamo.mark_static_address(counter)
+        self.ring = True
+
+    @property
+    def newest(self) -> torch.Tensor:
+        """The last position the current step writes (0-d)."""
+        return self.position + self.step_length - 1
+
+    def slot_distances(self) -> torch.Tensor:
+        """[R] (newest - slot) mod R: how far before the step's newest position each slot's position is."""
+        return (self.newest - torch.arange(self.slot_count, device=self.position.device)).remainder(self.slot_count)
+
+    def mark_attendable(self, attendable: torch.Tensor):
+        self.attendable.index_copy_(1, self.slots, attendable)
+
+    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
+        if not self.ring:
+            return super().store(layer_idx, new_hidden, keys, values)
+        self.layers[layer_idx].hidden.index_copy_(1, self.slots, new_hidden.detach())  # (keys: `key_values_with`)
+
+    def advance(self):
+        self.position.add_(1)
+        self.slots.copy_((self.position + self.step_offsets).remainder(self.slot_count))
+
+    @property
+    def mems(self):
+        """The legacy view, oldest first; from the slots it syncs with the device (for inspection only)."""
+        if not self.ring:
+            return super().mems
+        end = int(self.newest)  # (after a step: one past the positions written)
+        held = end - int(self.oldest) if self.mem_len is None else min(end - int(self.oldest), self.mem_len)
+        order = torch.arange(end - held, end).remainder(self.slot_count)
+        return tuple(layer.hidden[:, order.to(layer.hidden.device)].transpose(0, 1) for layer in self.layers)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.newest) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        if self.ring and self.attendable is not None:
+            self.attendable.copy_(self.attendable.index_select(0, beam_idx.to(self.attendable.device)))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.ring:
+            raise ValueError("StaticMemoryCache.crop: decoding has started; the default cache (MemoryCache) crops.")
+        super().crop(tokens_to_remove)
+
+    def reset(self):
+        super().reset()
+        self.ring = False
+
+    @property
+    def is_croppable(self) -> bool:
+        return not self.ring and super().is_croppable
+
+    @property
+    def is_compileable(self) -> bool:
+        return True

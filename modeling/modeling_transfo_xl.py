@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
-from .memory_cache import MemoryCache, MemoryLayer, key_values_over
+from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
@@ -300,115 +300,6 @@ def loss_per_target(total: torch.Tensor, count) -> torch.Tensor:
     if torch.is_tensor(count):
         return total / count.to(total.device).clamp(min=1)
     return total / max(count, 1)
-
-
-class RingLayer:
-    """A `StaticMemoryCache` layer: R = mem_len + 1 slots, position p in slot p % R (a step overwrites the position
-    that has just left the memory). hidden [B, R, d], keys / values [B, H, R, D], `position_keys` [H, R, D] for
-    distances R-1 ... 0; `slot` ([1], the cache's) is where the current step writes."""
-
-    def __init__(self, hidden, keys, values, position_keys, slot):
-        self.hidden, self.keys, self.values, self.position_keys, self.slot = hidden, keys, values, position_keys, slot
-
-    def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
-        self.keys.index_copy_(2, self.slot, new_keys)
-        self.values.index_copy_(2, self.slot, new_values)
-        return self.keys, self.values
-
-    def map_batch(self, fn):
-        """In place: the buffers keep their addresses (compiled steps and CUDA graphs read them there)."""
-        for buffer in (self.hidden, self.keys, self.values):
-            buffer.copy_(fn(buffer))
-
-
-class StaticMemoryCache(MemoryCache):
-    """A `MemoryCache` whose decoding steps all have the same shapes, so that generate() can compile them
-    (`cache_implementation="static"`). The prompt runs as with a `MemoryCache`; `start_ring` then moves the memory
-    into fixed slots (`RingLayer`). A step attends to every slot: the slots' distances to its token
-    (`slot_distances`) index the position scores, the mask hides slots not yet written and padding (`attendable`
-    [B, R]). The counters are 0-d tensors updated in place: data, not shapes or Python numbers."""
-
-    def __init__(self, num_layers: int, mem_len: int):
-        if not mem_len or mem_len < 1:
-            raise ValueError(f"StaticMemoryCache: mem_len is {mem_len}; the static cache needs a memory (mem_len >= 1).")
-        super().__init__(num_layers, mem_len)
-        self.ring = False
-
-    def start_ring(self, position_keys, attendable: torch.Tensor):
-        """Move each layer's memory and its keys / values into the slots; `position_keys`: one [H, R, D] table per
-        layer; `attendable` [B, m]: False for padding."""
-        held, count = self.layers[0].hidden.shape[1], self.mem_len + 1
-        device = attendable.device
-        self.oldest = torch.tensor(self.seen_tokens - held, device=device)  # (< 0 after `mems` or zero slots)
-        self.position = torch.tensor(self.seen_tokens, device=device)  # what the next step writes
-        self.slot = self.position.remainder(count).view(1)
-        slots = torch.arange(self.seen_tokens - held, self.seen_tokens, device=device).remainder(count)
-
-        def ring(tensor, axis):
-            shape = list(tensor.shape)
-            shape[axis] = count
-            buffer = tensor.new_zeros(shape).index_copy_(axis, slots, tensor)
-            torch._dynamo.mark_static_address(buffer)
-            return buffer
-
-        self.attendable = ring(attendable, 1)
-        self.layers = [
-            RingLayer(ring(layer.hidden, 1), ring(layer.keys, 2), ring(layer.values, 2), table, self.slot)
-            for layer, table in zip(self.layers, position_keys)
-        ]
-        for counter in (self.position, self.oldest, self.slot):
-            torch._dynamo.mark_static_address(counter)
-        self.ring = True
-
-    def slot_distances(self) -> torch.Tensor:
-        """[R] (position - slot) mod R: how far before the current step's token each slot's position is."""
-        return (self.position - torch.arange(self.mem_len + 1, device=self.position.device)).remainder(self.mem_len + 1)
-
-    def mark_attendable(self, attendable: torch.Tensor):
-        self.attendable.index_copy_(1, self.slot, attendable)
-
-    def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
-        if not self.ring:
-            return super().store(layer_idx, new_hidden, keys, values)
-        self.layers[layer_idx].hidden.index_copy_(1, self.slot, new_hidden.detach())  # (keys: `key_values_with`)
-
-    def advance(self):
-        self.position.add_(1)
-        self.slot.copy_(self.position.remainder(self.mem_len + 1))
-
-    @property
-    def mems(self):
-        """The legacy view, oldest first; from the slots it syncs with the device (for inspection only)."""
-        if not self.ring:
-            return super().mems
-        end = int(self.position)
-        order = torch.arange(end - min(end - int(self.oldest), self.mem_len), end).remainder(self.mem_len + 1)
-        return tuple(layer.hidden[:, order.to(layer.hidden.device)].transpose(0, 1) for layer in self.layers)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return int(self.position) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        super().reorder_cache(beam_idx)
-        if self.ring:
-            self.attendable.copy_(self.attendable.index_select(0, beam_idx.to(self.attendable.device)))
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if self.ring:
-            raise ValueError("StaticMemoryCache.crop: decoding has started; the default cache (MemoryCache) crops.")
-        super().crop(tokens_to_remove)
-
-    def reset(self):
-        super().reset()
-        self.ring = False
-
-    @property
-    def is_croppable(self) -> bool:
-        return not self.ring and super().is_croppable
-
-    @property
-    def is_compileable(self) -> bool:
-        return True
 
 
 class TransfoXLPositionalEmbedding(nn.Module):

@@ -1,24 +1,14 @@
-"""XLNet (Yang et al. 2019, "XLNet: Generalized Autoregressive Pretraining for Language Understanding").
+"""XLNet (Yang et al. 2019): Transformer-XL's recurrence and relative attention (Dai et al. 2019, Sec. 3.2-3.3)
+trained with permutation language modeling. Two streams run through every layer with shared weights (Sec. 2.3):
 
-XLNet is Transformer-XL's recurrence and relative attention (Dai et al. 2019, Sec. 3.2-3.3) trained with the
-permutation language-modeling objective. Two streams run through every layer with shared weights (Sec. 2.3):
+- the content stream h, from the token embeddings: position z_t sees x_{z<=t} (its own token too);
+- the query stream g, from the learned `mask_emb` w: z_t sees x_{z<t} and its position but not its own token,
+  g_theta(x_{z<t}, z_t) in p(X_{z_t} = x | x_{z<t}) = softmax_x(e(x)^T g_theta).
 
-- the content stream h, initialised with the token embeddings, where position z_t sees x_{z<=t} (its own token too);
-- the query stream g, initialised with the learned `mask_emb` w, where z_t sees x_{z<t} and its position but not its
-  own token: the target-aware representation g_theta(x_{z<t}, z_t) of the softmax
-  p(X_{z_t} = x | x_{z<t}) = exp(e(x)^T g_theta) / sum_x' exp(e(x')^T g_theta).
-
-`perm_mask[b, i, j] = 1` means i may not see j (the factorisation order); `target_mapping[b, m, j] = 1` says that the
-m-th prediction is token j (partial prediction, Sec. 2.3: only the last tokens of an order are predicted). Without
-`target_mapping` there is no query stream and the model is a plain bidirectional (or, `attn_type="uni"`, causal)
-encoder over [memory; segment].
-
-Parameter names, shapes, inputs and outputs are those of transformers' `XLNet*` classes, so the two load each
-other's checkpoints and `mems`. Memory layout: `mems` (in and out) has one tensor per layer, `mems[i]` = the input of
-layer i over the last `mem_len` positions, time-major `[mem_len, batch, d_model]`. Inside, everything is
-batch-first ([B, L, d], heads [B, H, L, d_head]); attention goes through transformers' attention interface
-(`config._attn_implementation`: "eager", "sdpa", "flex_attention"; see XLNetRelativeAttention).
-"""
+`perm_mask[b, i, j] = 1`: i may not see j; `target_mapping[b, m, j] = 1`: the m-th prediction is token j. Without
+`target_mapping` there is no query stream. Names, shapes, inputs and outputs (`mems`: one time-major
+[mem_len, batch, d_model] tensor per layer) are transformers' `XLNet*`'s; inside, tensors are batch-first and
+attention goes through transformers' attention interface (see XLNetRelativeAttention)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,7 +47,7 @@ from .input_checks import (
     inputs_shape,
     problem_type,
 )
-from .memory_cache import MemoryCache, MemoryLayer, key_values_over
+from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
     causal_memory_mask,
     eager_attention_forward,
@@ -77,8 +67,8 @@ MAX_TOKEN_TYPE_ID = 4
 
 @dataclass
 class XLNetModelOutput(ModelOutput):
-    """`last_hidden_state` [batch, num_predict or seq_len, d_model] (the query stream when `target_mapping` is given);
-    `mems`: the next segment's memory, one time-major [mem_len, batch, d_model] tensor per layer."""
+    """`last_hidden_state` [batch, num_predict or seq_len, d_model] (the query stream with `target_mapping`); `mems`:
+    one time-major [mem_len, batch, d_model] tensor per layer."""
 
     last_hidden_state: torch.Tensor | None = None
     mems: tuple[torch.Tensor, ...] | None = None
@@ -109,15 +99,11 @@ class XLNetRelativeAttention(nn.Module):
 
         score_ij = (q_i + u)^T k_j            (a) + (c): content; u = `r_w_bias`
                  + (q_i + v)^T W_r R_{i-j}    (b) + (d): relative position; v = `r_r_bias`, W_r = `r`
-                 + (q_i + b)^T s_ij           relative segment encoding; b = `r_s_bias`, s_ij = `seg_embed`[0] if
-                                              i and j are in the same segment, else `seg_embed`[1]
+                 + (q_i + b)^T s_ij           segment; b = `r_s_bias`, s_ij = `seg_embed`[0 if same segment else 1]
 
-    (a) + (c) is the dot product of `q + u` with the keys; everything else, scaled and with the masked pairs set to
-    the dtype's lowest value, is one additive score bias for transformers' attention interface, so "eager", "sdpa" and
-    "flex_attention" (`config._attn_implementation`) compute the same attention. Keys and values come from the
-    content stream over [memory; segment] for both streams; the content stream queries with h, the query stream
-    with g. Parameters keep the original [d_model, n_head, d_head] layout.
-    """
+    (a) + (c) is `q + u` against the keys; the rest, scaled and masked, is one additive score bias for transformers'
+    attention interface (`config._attn_implementation`). Both streams attend to the content stream's keys and values
+    over [memory; segment]. Parameters keep the original [d_model, n_head, d_head] layout."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -144,10 +130,9 @@ class XLNetRelativeAttention(nn.Module):
         return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
 
     def use_linear_layers(self):
-        """Replace the projections q, k, v, r (parameters [d_model, H, D], applied as x W) and o ([d_model, H, D],
-        applied as W x) by `nn.Linear` layers of the same products, so that tools that quantize or replace
-        `nn.Linear` layers reach them too (see quantization.py). The checkpoint names keep the original layout:
-        for deployment, not for saving (the state dict's names become `q.weight` ...)."""
+        """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same
+        products, so that tools that quantize `nn.Linear` layers reach them (quantization.py). For deployment, not for
+        saving: the state dict's names become `q.weight` ..."""
         for name in ("q", "k", "v", "r", "o"):
             weight = getattr(self, name).detach().flatten(1)
             weight = weight if name == "o" else weight.t()
@@ -161,17 +146,17 @@ class XLNetRelativeAttention(nn.Module):
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the whole batch: [R, d] -> [H, R, D]; with `bi_data`
-        [2, R, d] (forward, backward) -> [2, 1, H, R, D], broadcasting over the two halves of the batch."""
+        """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d]
+        (forward, backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
         keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
-    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None):
-        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or
-        None). Query row i sits at distance (k - q + i) - j from key j; the position keys list the distances
-        k, k-1, ..., -q+1 (bi) or k, ..., 0 (uni), so the shift offset is q (see relative_shift). A single query just
-        after the keys (distance k - j) reads the same keys with offset 0."""
+    def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None,
+                slot_columns=None):
+        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or None).
+        Query row i is at distance (k - q + i) - j from key j; the position keys list k ... -q+1 (bi) or k ... 0 (uni):
+        shift offset q, or 0 for one query just after the keys. A static cache's step: `slot_columns`."""
         dtype = query.dtype
         offset = query.shape[2] if offset is None else offset
         # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
@@ -181,14 +166,19 @@ class XLNetRelativeAttention(nn.Module):
         else:
             scores = torch.matmul(position_query, position_keys.transpose(-1, -2))
         # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
-        position_bias = relative_shift(scores, key.shape[2], offset)
+        if slot_columns is None:
+            position_bias = relative_shift(scores, key.shape[2], offset)
+        else:  # (the slots are in ring order, not in distance order: a gather replaces the shift)
+            position_bias = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1))
         if segment_mismatch is not None:
             # (q_i + b)^T s_ij with s_ij = seg_embed[0] inside a segment, seg_embed[1] across segments.
             segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
             segment_scores = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
             mismatch = segment_mismatch[:, None]
             position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
-        if mask is not None:  # True where query i may not see key j
+        if mask is not None and mask.is_floating_point():  # (additive: a static cache's step, see `_slot_masks`)
+            position_bias.add_(mask)
+        elif mask is not None:  # True where query i may not see key j
             position_bias.masked_fill_(mask, torch.finfo(dtype).min)
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -222,15 +212,12 @@ class XLNetRelativeAttention(nn.Module):
         output_attentions: bool = False,
         update_content: bool = True,
         query_after_content: bool = False,
+        slot_columns: torch.Tensor | None = None,
     ):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
-
-        `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
-        are a fixed projection of the memory) and extended with the new tokens'. `update_content=False` (with a
-        query stream) skips the content stream's own update, for a last layer whose content output nothing reads.
-        `query_after_content`: the query stream is one row at the position right after the segment (next-token
-        prediction).
-        """
+        `cached_memory`: a cache layer whose memory keys and values are reused and extended. `update_content=False`
+        skips the content stream (a last layer's, which nothing reads); `query_after_content`: one query row right after
+        the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row)."""
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
@@ -245,12 +232,15 @@ class XLNetRelativeAttention(nn.Module):
         attentions, content_probs, query_probs = [], None, None
         length = content.shape[1] if update_content else 0
 
-        if query_after_content and content_mask is None and query_mask is None and segment_mismatch is None:
-            # Next-token prediction with nothing masked: the content rows and the query row after them attend to the
-            # same keys, and the query row sits where one more content row would (shift offset `length` for all), so
-            # one attention call serves both streams.
-            attention, probs = self._attend(queries, key, value, position_keys, None, None, output_attentions,
-                                            offset=length)  # fmt: skip
+        if query_after_content and (
+            slot_columns is not None or content_mask is None and query_mask is None and segment_mismatch is None
+        ):
+            # Next-token prediction with one mask (or none) for all rows: the query row sits where one more content
+            # row would (shift offset `length` for all), so one attention call serves both streams.
+            if slot_columns is not None:  # (the last layer may update the query row only)
+                slot_columns, query_mask = slot_columns[-queries.shape[2] :], query_mask[:, :, -queries.shape[2] :]
+            attention, probs = self._attend(queries, key, value, position_keys, query_mask, None, output_attentions,
+                                            offset=length, slot_columns=slot_columns)  # fmt: skip
             attentions.append(attention)
             if output_attentions:
                 content_probs, query_probs = probs[:, :, :length] if update_content else None, probs[:, :, length:]
@@ -362,6 +352,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         update_content: bool = True,
         query_after_content: bool = False,
+        slot_columns: torch.Tensor | None = None,
     ):
         content, query_stream, probs, key_values = self.rel_attn(
             content,
@@ -376,6 +367,7 @@ class XLNetLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
             update_content=update_content,
             query_after_content=query_after_content,
+            slot_columns=slot_columns,
         )
         if content is None or query_stream is None:  # a single stream to update
             content, query_stream = (None if x is None else self._feed_forward(x) for x in (content, query_stream))
@@ -453,10 +445,8 @@ class XLNetPoolerAnswerClass(nn.Module):
 
 
 class XLNetSequenceSummary(nn.Module):
-    """One vector per sequence (`summary_type`: last / first / mean / cls_index), then projection and activation.
-
-    XLNet puts its CLS token LAST, so with right padding "last" reads a pad: pad on the left (the tokenizer's default).
-    """
+    """One vector per sequence (`summary_type`: last / first / mean / cls_index), projected and activated. XLNet's CLS
+    is LAST: with right padding "last" reads a pad, so pad on the left (the tokenizer's default)."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -538,9 +528,8 @@ def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
-    """(batch_size, positions, described, origin) of the base model's output, known before the forward pass: one
-    position per prediction with `target_mapping`, else per token. None when the inputs have the wrong rank (the base
-    model reports them)."""
+    """(batch_size, positions, described, origin) of the base model's output, before the forward pass: one position
+    per prediction with `target_mapping`, else per token; None for inputs of the wrong rank (the model reports them)."""
     shape = inputs_shape(input_ids, inputs_embeds)
     if shape is None or (target_mapping is not None and target_mapping.dim() != 3):
         return None
@@ -636,12 +625,8 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
-        """Sinusoid encodings R of the relative distances highest, highest-1, ..., lowest: k ... -q+1 for "bi",
-        k ... 0 for "uni".
-
-        With `bi_data` a second set encodes the negated distances (the backward direction, for the second half of
-        the batch). Distances are clamped to +-clamp_len when clamp_len > 0. fp32: [R, d] or [2, R, d].
-        """
+        """fp32 sinusoid encodings R [R, d] of the distances highest ... lowest (k ... -q+1 for "bi", k ... 0 for
+        "uni"), clamped to +-clamp_len when > 0; with `bi_data` [2, R, d], the second set negated (backward half)."""
         positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)
         if self.config.bi_data:
             positions = torch.stack([positions, -positions])
@@ -651,12 +636,9 @@ class XLNetModel(XLNetPreTrainedModel):
         return sinusoid_encoding(positions, inverse_frequencies)
 
     def _attention_masks(self, query_length, memory_length, attention_mask, input_mask, perm_mask, device):
-        """Boolean masks (True = may not attend) for the query stream and the content stream, [B|1, 1, q, m + q].
-
-        The query stream obeys the factorisation order (perm_mask), the padding and, for "uni", causality; the
-        content stream is the same except that every position also sees itself (it encodes its own token). Memory
-        is always visible. Sums then `> 0` as in the original, so a mask is the union of its parts.
-        """
+        """Boolean masks (True = may not attend) for the query and the content stream, [B|1, 1, q, m + q]: the
+        factorisation order (perm_mask), padding and, for "uni", causality; the content stream also sees itself. Memory
+        is always visible. Summed then `> 0` as in the original: a mask is the union of its parts."""
         mask = None
         if self.config.attn_type == "uni":
             # same_length: every query sees exactly memory_length + 1 keys.
@@ -703,19 +685,10 @@ class XLNetModel(XLNetPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> XLNetModelOutput:
-        """Inputs as in transformers' `XLNetModel`:
-
-        - `attention_mask` [B, L] (1 = token, 0 = padding) or its negation `input_mask` (1 = padding);
-        - `mems`: the previous segment's `outputs.mems` (always attended to when given);
-        - `perm_mask` [B, L, L]: 1 where i may not attend to j; `target_mapping` [B, num_predict, L]: the tokens to
-          predict (one-hot rows), which turns on the query stream;
-        - `token_type_ids` [B, L]: segment ids (0 ... 4), only "same segment or not" matters;
-        - `use_mems`: return the next `mems` (default: `config.use_mems_train` / `use_mems_eval`);
-        - `cache`: a MemoryCache holding the memory instead of `mems`, updated in place (used by `generate`);
-        - `predict_next_token`: run the query stream for one position right after the input, which sees every
-          token (the output is its state, [B, 1, d]): what transformers' generation gets from an appended dummy token
-          hidden by `perm_mask` and selected by `target_mapping`, without computing the dummy's content stream.
-        """
+        """Inputs as transformers' `XLNetModel`'s (`attention_mask` or its negation `input_mask`, `mems`, `perm_mask`,
+        `target_mapping`, `token_type_ids`, `use_mems`). Ours: `cache`, a MemoryCache updated in place instead of
+        `mems`; `predict_next_token`: the query stream of one position right after the input ([B, 1, d]), what
+        transformers' generation gets from its dummy token, without computing the dummy."""
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
@@ -734,18 +707,24 @@ class XLNetModel(XLNetPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping, token_type_ids
         )
         cache_given = cache is not None
-        # `mem_len` None or 0 keeps every past position.
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
-        cache = MemoryCache.for_forward(
-            cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
-            type(self).__name__, hidden_like.dtype, hidden_like.device,
-        )
-        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
-        key_length = memory_length + query_length
         remember = use_mems or cache_given
         # The memory's keys / values and the position keys are fixed projections: reusable while the weights are
-        # frozen (no dropout, no gradient: with gradients, the projections must see the memory again).
+        # frozen (no dropout, no gradient).
         reuse_projections = remember and not self.training and not torch.is_grad_enabled()
+        static = isinstance(cache, StaticMemoryCache)
+        if static:
+            unsupported = (mems, perm_mask, target_mapping, token_type_ids, attention_mask, input_mask, inputs_embeds)
+            self._check_static_cache(cache, reuse_projections, batch, query_length, hidden_like.dtype,
+                                     predict_next_token, any(x is not None for x in unsupported))  # fmt: skip
+        stepping = static and cache.ring  # (a static cache's decoding step: see `_slot_masks`)
+        if not stepping:  # (`mem_len` None or 0 keeps every past position)
+            cache = MemoryCache.for_forward(
+                cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
+                type(self).__name__, hidden_like.dtype, hidden_like.device,
+            )
+        memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
+        key_length = memory_length + query_length
         kept = self.config.reuse_len or query_length  # pretraining remembers only the first reuse_len positions
 
         embeddings = self.word_embedding(input_ids) if inputs_embeds is None else inputs_embeds
@@ -759,10 +738,15 @@ class XLNetModel(XLNetPreTrainedModel):
         if target_mapping is not None:
             target_mapping = target_mapping.to(dtype)
 
-        query_mask, content_mask = self._attention_masks(
-            query_length, memory_length, attention_mask, input_mask, perm_mask, device
-        )
-        if predict_next_token:  # the next position sees every key but padding
+        slot_columns = None
+        if stepping:
+            slot_columns, query_mask = self._slot_masks(cache, dtype)
+            content_mask = None
+        else:
+            query_mask, content_mask = self._attention_masks(
+                query_length, memory_length, attention_mask, input_mask, perm_mask, device
+            )
+        if predict_next_token and not stepping:  # the next position sees every key but padding
             padding = input_mask if input_mask is not None else None if attention_mask is None else 1 - attention_mask
             query_mask = None if padding is None else F.pad(padding.bool(), (memory_length, 0))[:, None, None, :]
             if self.config.attn_type == "uni" and self.config.same_length:
@@ -786,9 +770,12 @@ class XLNetModel(XLNetPreTrainedModel):
         for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
-            position_keys = self._position_keys(
-                i, query_length, key_length, position_embeddings, cache if reuse_projections else None
-            )
+            if stepping:
+                position_keys = cache.layers[i].position_keys
+            else:
+                position_keys = self._position_keys(
+                    i, query_length, key_length, position_embeddings, cache if reuse_projections else None
+                )
             next_content, query_stream, probs, (key, value) = layer(
                 content,
                 query_stream,
@@ -800,10 +787,10 @@ class XLNetModel(XLNetPreTrainedModel):
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
-                # With a query stream only g is returned and the memory keeps layer inputs: the last layer's
-                # content update is read by nothing unless the hidden states or attentions are asked for.
+                # With a query stream, the last layer's content update is read only as a hidden state / attention.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
                 query_after_content=predict_next_token,
+                slot_columns=slot_columns,
             )
             if reuse_projections:  # keys / values stay aligned with the remembered positions
                 end = memory_length + kept
@@ -815,15 +802,59 @@ class XLNetModel(XLNetPreTrainedModel):
                 attentions.append(probs)
         if output_hidden_states:
             hidden_states.extend([content] if query_stream is None else [content, query_stream])
+        if stepping:
+            cache.advance()
+        elif static:  # the prompt has run: its memory moves into the static slots
+            self._start_ring(cache)
 
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(
             last_hidden_state=output,
-            mems=cache.mems if use_mems else None,
+            # (a static cache's `mems`: `cache.mems`, on demand)
+            mems=cache.mems if use_mems and not static else None,
             cache=cache if cache_given else None,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+
+    # ----- a static cache's decoding step (`generate(..., cache_implementation="static")`) -----
+
+    def _check_static_cache(self, cache, reuse_projections, batch, query_length, dtype, predict_next_token, extra):
+        """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
+        problem = None
+        if self.config.bi_data or self.config.reuse_len or cache.step_length != 2:
+            problem = "is generate()'s (two tokens a step), without bi_data or reuse_len"
+        elif not reuse_projections or cache.step_length != 2:
+            problem = "decodes in eval mode under torch.no_grad(), as generate() does"
+        elif cache.ring and (query_length != 2 or not predict_next_token or extra):
+            problem = f"takes the last two tokens with predict_next_token, nothing else; got {query_length} tokens"
+        elif cache.ring and (cache.batch_size, cache.layers[0].hidden.dtype) != (batch, dtype):
+            problem = f"holds batch {cache.batch_size} in {cache.layers[0].hidden.dtype}; got {batch} in {dtype}"
+        if problem:
+            raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
+
+    def _slot_masks(self, cache, dtype):
+        """A static cache step's rows: the two tokens fed again (positions n-2, n-1) and the query of n. Returns each
+        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]:
+        the dtype's lowest value for "uni"'s future keys and, with same_length, keys beyond the memory; -inf on
+        unwritten slots, so that a row seeing no key averages the keys held, as with the default cache."""
+        newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
+        distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
+        masked = (distances < 0) & (self.config.attn_type == "uni")
+        if self.config.attn_type == "uni" and self.config.same_length:  # (the memory: positions n-2-m ... n-3)
+            memory_length = (cache.newest - 1 - cache.oldest).clamp(max=cache.slot_count - 2)
+            masked = masked | (distances > memory_length)
+        mask = torch.zeros(distances.shape, dtype=dtype, device=distances.device)
+        mask.masked_fill_(masked, torch.finfo(dtype).min)
+        mask.masked_fill_(newest_distance > cache.newest - cache.oldest, -torch.inf)
+        return cache.slot_count - distances, mask[None, None]
+
+    def _start_ring(self, cache):
+        """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1)."""
+        device = self.word_embedding.weight.device
+        distances = self._relative_position_embeddings(cache.slot_count, -1, device)
+        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer])
 
 
 def _drop_newest(cache: MemoryCache, count: int):
@@ -833,15 +864,8 @@ def _drop_newest(cache: MemoryCache, count: int):
 
 
 class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
-    """XLNet with the language-modeling head (tied to the input embeddings, own bias).
-
-    Labels are NOT shifted: `labels[:, m]` is the token at the m-th prediction (the m-th row of `target_mapping`, or
-    position m without it). transformers v5's `shift_labels` (targets already aligned with the output positions)
-    are therefore the same targets, and are taken as such, in place of `labels` when both are given (as transformers'
-    Trainer does under context parallelism). Generation gives transformers' tokens:
-    the next token comes from the query stream of the position after the input (`predict_next_token`); with memory,
-    the last two known tokens are recomputed each step.
-    """
+    """XLNet with the language-modeling head (tied to the input embeddings, own bias). Labels are NOT shifted:
+    `labels[:, m]` is the m-th prediction's token; transformers v5's `shift_labels` are the same and replace them."""
 
     _tied_weights_keys = {"lm_loss.weight": "transformer.word_embedding.weight"}
     accepts_loss_kwargs = True
@@ -927,34 +951,40 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
         if generation_mode == GenerationMode.ASSISTED_GENERATION:
             raise ValueError(
-                "XLNetLMHeadModel.generate: assisted decoding and prompt lookup (`assistant_model`, "
-                "`prompt_lookup_num_tokens`) are not supported. They check k draft tokens with one forward pass "
-                "that must give the distributions of k one-token steps. In XLNet's generation scheme each step "
-                "recomputes the last two tokens, which attend to each other, so one pass over the drafts cannot "
-                "reproduce them. Use greedy search, sampling or beam search."
+                "XLNetLMHeadModel.generate: assisted decoding and prompt lookup are not supported: each XLNet step "
+                "recomputes the last two tokens, which one pass over k drafts cannot reproduce. Use greedy search, "
+                "sampling or beam search."
             )
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
+        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache:
+        max(mem_len, 2) slots, or all up to `max_length`, never fewer than the last call's (as StaticCache)."""
+        if generation_config.cache_implementation != "static":
+            return super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, batch_size, max_length
+            )
+        use_mems = model_kwargs.get("use_mems", self.config.use_mems_eval) is not False
+        if self.training or not use_mems or any(model_kwargs.get(name) is not None for name in ("cache", "mems")):
+            raise ValueError(
+                "XLNetLMHeadModel.generate: the static cache starts from the prompt with `use_mems` in eval mode; "
+                "pass no `cache` or `mems` with it, or use the default cache."
+            )
+        mem_len = self.config.mem_len or None
+        if mem_len:
+            slot_count = max(mem_len, self.generation_offset)
+        else:
+            previous = getattr(self, "_previous_max_cache_length", 0)
+            slot_count = max(max_length, generation_config.max_cache_len or 0, previous)
+            self._previous_max_cache_length = slot_count
+        model_kwargs["cache"] = StaticMemoryCache(self.config.n_layer, mem_len, slot_count, self.generation_offset)
 
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
-        """transformers' XLNet scheme, computed without its dummy token. transformers appends a dummy token that no
-        position sees (perm_mask) and that is the only target (target_mapping); ours runs the same query stream
-        right after the input (`predict_next_token`), so the dummy's content stream, which nothing reads, is never
-        computed. With memory (`use_mems`, the default in eval) each step feeds the last two tokens again against a
-        MemoryCache whose keys and values are reused, and the cache holds exactly the positions transformers'
-        memory holds, less its dummy:
-
-        - transformers remembers the first `reuse_len` positions of [tokens; dummy] (all without `reuse_len`), then
-          the last `mem_len`. Where that includes the dummy, the dummy takes one of the `mem_len` slots, so the cache
-          keeps one position fewer for that step;
-        - before each step transformers drops the newest two positions of its memory: the dummy and the token fed
-          again, or two remembered tokens where `reuse_len` left the dummy out. The cache forgets the same ones.
-
-        A user's `mems` start the cache (expanded for beams / return sequences) and lose their newest two
-        positions, as in transformers. With `use_mems=False` transformers attends to those same positions at every
-        step, before the last two tokens: so does ours.
-        """
+        """transformers' XLNet scheme without its dummy token (docs/generation.md): the query stream runs right after
+        the input (`predict_next_token`). With `use_mems` each step feeds the last two tokens again, and the cache
+        holds the positions transformers' memory does, less the dummy. Given `mems` lose their newest two, as there."""
         for unused in (
             "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
             "tokenizer",  # generate()'s, for stop strings: it comes along with the model keywords
@@ -964,7 +994,10 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             raise ValueError("XLNetLMHeadModel.generate: `inputs_embeds` is not supported; pass `input_ids`.")
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
-        if use_mems:
+        if use_mems and isinstance(cache, StaticMemoryCache) and cache.ring:  # (its step rewrites the newest position)
+            # (a copy with its own strides: a view's would change with the length, and the compiled step with them)
+            input_ids = input_ids[:, -self.generation_offset :].clone(memory_format=torch.contiguous_format)
+        elif use_mems:
             reuse_len, mem_len = self.config.reuse_len, self.config.mem_len
             if cache is None and mems is not None:
                 cache = MemoryCache.from_mems(mems, mem_len, batch_size=input_ids.shape[0])
@@ -1264,8 +1297,7 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         end_logits = end_logits.squeeze(-1).contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions past the end of the sequence are ignored, as in transformers: the answer lies outside this
-            # window of a long context (a batch of such windows has a loss of 0).
+            # Positions past the end are ignored, as in transformers: the answer lies outside this window.
             def span_loss(logits, positions):
                 positions = positions.reshape(-1)
                 targets = positions.where(positions < logits.shape[1], IGNORE_INDEX)
@@ -1280,13 +1312,10 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
 class XLNetForQuestionAnswering(XLNetPreTrainedModel):
     """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability.
+    Training: end logits use the gold start; loss = (start + end) / 2 + 0.5 x the answerability BCE (with
+    `cls_index`, `is_impossible`). Inference: the `end_n_top` best ends of each of the `start_n_top` best starts."""
 
-    Training (start and end positions given): end logits use the gold start; loss = (start + end) / 2, plus 0.5 x the
-    answerability BCE when `cls_index` and `is_impossible` are given. Inference: beam search over the `start_n_top`
-    best starts and, for each, the `end_n_top` best ends; the answer class uses the start-probability-weighted state.
-    """
-
-    accepts_loss_kwargs = False  # span losses use start/end positions, never `labels`: Trainer scales them for GA
+    accepts_loss_kwargs = False  # (as XLNetForQuestionAnsweringSimple)
 
     def __init__(self, config: XLNetConfig):
         super().__init__(config)
@@ -1396,10 +1425,8 @@ AUTO_CLASSES = {
 
 
 def use_for_auto_classes():
-    """Make `AutoConfig` / `AutoModel*` give these classes for model type "xlnet", in this process.
-
-    Opt-in: importing the package leaves transformers' built-in XLNet in place. Undo with `use_builtin_auto_classes`.
-    """
+    """Make `AutoConfig` / `AutoModel*` give these classes for model type "xlnet", in this process (opt-in; undo with
+    `use_builtin_auto_classes`)."""
     import transformers
 
     transformers.AutoConfig.register(XLNetConfig.model_type, XLNetConfig, exist_ok=True)

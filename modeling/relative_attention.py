@@ -1,19 +1,14 @@
 """What Transformer-XL and XLNet share: sinusoidal relative encodings, the relative shift, relative attention in
-transformers' attention-interface convention, and the causal mask over [memory; segment]. (The memory itself lives
-in memory_cache.py.)
+transformers' attention-interface convention, and the causal mask over [memory; segment].
 
-Notation follows Dai et al. (2019), Sec. 3.3. For a query i and a key j the attention score is
+Dai et al. (2019), Sec. 3.3: for a query i and a key j the attention score is
 
     A_ij = (E_xi W_q + u)^T W_k E_xj   [(a) content + (c) global content bias u]
          + (E_xi W_q + v)^T W_kR R_i-j [(b) content-dependent position + (d) global position bias v]
 
-Terms (a)+(c) are an ordinary dot product of the biased query `q + u` with the keys. Terms (b)+(d) are computed
-against one row per relative distance and re-indexed to (query, key) pairs by the relative shift (App. B); they reach
-the attention function, with the mask, as one additive score bias that transformers' "sdpa" and "flex_attention"
-functions take as it is, so one call serves the three implementations (see `score_bias_arguments`).
-
-All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
-"""
+(a)+(c) is a dot product of `q + u` with the keys. (b)+(d), computed per relative distance and re-indexed to
+(query, key) pairs by the relative shift (App. B), reaches the attention function with the mask as one additive
+score bias, so one call serves "eager", "sdpa" and "flex_attention" (`score_bias_arguments`). Batch-first tensors."""
 
 import torch
 import torch.nn.functional as F
@@ -36,15 +31,10 @@ def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor
 
 def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
     """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
-
-    Row i of `position_scores` [..., q, R] holds the scores of query i against the R relative distances listed in
-    decreasing order. Transformer-XL lists distances k-1 ... -1 (`offset = q - 1`), XLNet k ... -q+1 or k ... 0
-    (`offset = q`); `key_length < R` and `0 <= offset <= q`. The original code pads a zero column and reshapes (Dai
-    et al. App. B); reading the flat scores in rows of R - 1 from element `offset` on is the same re-indexing without
-    the copy: views only. Entries whose column falls outside 0 ... R-1 read a neighbouring row: they belong to keys
-    the caller masks. No two entries of the result share an element (its rows, R - 1 long, hold k <= R - 1 keys),
-    so the caller may write the mask into it in place.
-    """
+    Row i of `position_scores` [..., q, R] lists R distances in decreasing order (Transformer-XL k-1 ... -1,
+    `offset = q - 1`; XLNet k ... -q+1 or k ... 0, `offset = q`). Reading the flat scores in rows of R - 1 from
+    `offset` on is the original's pad-and-reshape (Dai et al. App. B) as views. Entries outside 0 ... R-1 belong to
+    masked keys; no two entries share an element, so the caller may write the mask in place."""
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
         raise ValueError(
@@ -67,16 +57,10 @@ def eager_attention_forward(
     position_bias: torch.Tensor | None = None,
     **kwargs,
 ):
-    """Relative attention written out, the reference the fused implementations ("sdpa", "flex_attention") match.
-
-    The call convention is transformers' attention interface (`ALL_ATTENTION_FUNCTIONS`); every score term but
-    (a)+(c) arrives as one additive bias (see `score_bias_arguments`):
-    - query [B, H, q, D], already holding the content bias: `q + u`, so `query @ key` is terms (a)+(c);
-    - key, value [B, H, k, D] over [memory; segment];
-    - attention_mask or position_bias [B or 1, H or 1, q, k]: terms (b)+(d) after the relative shift (and XLNet's
-      segment term), already scaled, and the dtype's lowest value where query i may not attend key j.
-    Returns (output [B, q, H, D], probabilities [B, H, q, k]).
-    """
+    """Relative attention written out, the reference "sdpa" and "flex_attention" match, in transformers' attention
+    interface convention: query [B, H, q, D] holds the content bias (`q + u`, so `query @ key` is (a)+(c)); key, value
+    [B, H, k, D]; attention_mask or position_bias [B|1, H|1, q, k]: every other term, scaled, with the dtype's lowest
+    value where query i may not attend key j. Returns (output [B, q, H, D], probabilities [B, H, q, k])."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (a) + (c), scaled
     for bias in (attention_mask, position_bias):
         if bias is not None:
@@ -87,14 +71,10 @@ def eager_attention_forward(
 
 
 def score_bias_arguments(implementation: str, bias: torch.Tensor, batch_size: int, num_heads: int) -> dict:
-    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments.
-
-    transformers' eager and sdpa convention is a float `attention_mask` added to the scores, which sdpa hands to torch
-    as it is (a strided bias stays a view; its `position_bias` would be copied to a contiguous tensor first).
-    flex_attention adds `position_bias[b, h, q, kv]` in its score_mod (a tensor `attention_mask` would be read as a
-    boolean of head 0), so it gets every batch row and head, contiguous: torch's CPU flex kernel misreads a strided
-    bias once its shapes are dynamic.
-    """
+    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments: eager and sdpa
+    take it as a float `attention_mask` (a strided bias stays a view); flex_attention adds `position_bias[b, h, q, kv]`
+    in its score_mod, so it gets every row and head, contiguous (torch's CPU flex kernel misreads a strided bias once
+    its shapes are dynamic)."""
     if implementation == "flex_attention":
         full = bias.expand(batch_size, num_heads, *bias.shape[-2:]).contiguous()
         return {"attention_mask": None, "position_bias": full}
@@ -108,12 +88,9 @@ def causal_memory_mask(
     same_length_span: int | None = None,
     device=None,
 ) -> torch.Tensor:
-    """[q, m + q] boolean mask, True where query i (at position m + i) may not attend to key j.
-
-    Key j is masked when it lies in the future (j > m + i). With `same_length`, every query also drops its oldest
-    keys so that all queries see the same number of keys (Dai et al. App. / `same_length` in the original code):
-    keys with j <= i - s are masked, where `s = same_length_span` (defaults to q).
-    """
+    """[q, m + q] boolean mask, True where query i (at position m + i) may not attend to key j: future keys (j > m + i)
+    and, with `same_length` (Dai et al. App.), keys j <= i - s, s = `same_length_span` (default q), so that every
+    query sees as many keys."""
     key_length = memory_length + query_length
     ones = torch.ones(query_length, key_length, dtype=torch.bool, device=device)
     mask = torch.triu(ones, diagonal=1 + memory_length)
