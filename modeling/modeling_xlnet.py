@@ -817,7 +817,6 @@ class XLNetModel(XLNetPreTrainedModel):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-
     # ----- a static cache's decoding step (`generate(..., cache_implementation="static")`) -----
 
     def _check_static_cache(self, cache, reuse_projections, batch, query_length, dtype, predict_next_token, extra):
@@ -825,7 +824,7 @@ class XLNetModel(XLNetPreTrainedModel):
         problem = None
         if self.config.bi_data or self.config.reuse_len or cache.step_length != 2:
             problem = "is generate()'s (two tokens a step), without bi_data or reuse_len"
-        elif not reuse_projections or cache.step_length != 2:
+        elif not reuse_projections:
             problem = "decodes in eval mode under torch.no_grad(), as generate() does"
         elif cache.ring and (query_length != 2 or not predict_next_token or extra):
             problem = f"takes the last two tokens with predict_next_token, nothing else; got {query_length} tokens"
