@@ -60,7 +60,10 @@ from .input_checks import (
 from .memory_cache import MemoryCache, MemoryLayer, key_values_over
 from .relative_attention import (
     causal_memory_mask,
+    cross_entropy,
+    distance_scores,
     eager_attention_forward,
+    mask_scores_,
     relative_shift,
     score_bias_arguments,
     sinusoid_encoding,
@@ -179,7 +182,7 @@ class XLNetRelativeAttention(nn.Module):
         if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
-            scores = torch.matmul(position_query, position_keys.transpose(-1, -2))
+            scores = distance_scores(position_query, position_keys)
         # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
         position_bias = relative_shift(scores, key.shape[2], offset)
         if segment_mismatch is not None:
@@ -189,7 +192,7 @@ class XLNetRelativeAttention(nn.Module):
             mismatch = segment_mismatch[:, None]
             position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
         if mask is not None:  # True where query i may not see key j
-            position_bias.masked_fill_(mask, torch.finfo(dtype).min)
+            mask_scores_(position_bias, mask)
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return attention_interface(
@@ -909,7 +912,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:  # (in fp32 at least, as transformers' causal-LM losses)
             upcast = logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32))
-            loss = _loss_sum_or_mean(F.cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
+            loss = _loss_sum_or_mean(cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
         return XLNetLMHeadModelOutput(
             loss=loss,
             logits=logits,

@@ -1,16 +1,15 @@
 """What Transformer-XL and XLNet share: sinusoidal relative encodings, the relative shift, relative attention in
-transformers' attention-interface convention, and the causal mask over [memory; segment]. (The memory itself lives
-in memory_cache.py.)
+transformers' attention-interface convention, the causal mask over [memory; segment], and the language-model loss.
+(The memory itself lives in memory_cache.py.)
 
 Notation follows Dai et al. (2019), Sec. 3.3. For a query i and a key j the attention score is
 
     A_ij = (E_xi W_q + u)^T W_k E_xj   [(a) content + (c) global content bias u]
          + (E_xi W_q + v)^T W_kR R_i-j [(b) content-dependent position + (d) global position bias v]
 
-Terms (a)+(c) are an ordinary dot product of the biased query `q + u` with the keys. Terms (b)+(d) are computed
-against one row per relative distance and re-indexed to (query, key) pairs by the relative shift (App. B); they reach
-the attention function, with the mask, as one additive score bias that transformers' "sdpa" and "flex_attention"
-functions take as it is, so one call serves the three implementations (see `score_bias_arguments`).
+Terms (a)+(c) are the dot product of the biased query `q + u` with the keys. Terms (b)+(d), computed per relative
+distance and re-indexed to (query, key) pairs by the relative shift (App. B), reach the attention function with the
+mask as one additive score bias, so one call serves the three implementations (see `score_bias_arguments`).
 
 All tensors here are batch-first: hidden states [batch, length, dim], heads [batch, heads, length, head_dim].
 """
@@ -37,13 +36,11 @@ def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor
 def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
     """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
 
-    Row i of `position_scores` [..., q, R] holds the scores of query i against the R relative distances listed in
-    decreasing order. Transformer-XL lists distances k-1 ... -1 (`offset = q - 1`), XLNet k ... -q+1 or k ... 0
-    (`offset = q`); `key_length < R` and `0 <= offset <= q`. The original code pads a zero column and reshapes (Dai
-    et al. App. B); reading the flat scores in rows of R - 1 from element `offset` on is the same re-indexing without
-    the copy: views only. Entries whose column falls outside 0 ... R-1 read a neighbouring row: they belong to keys
-    the caller masks. No two entries of the result share an element (its rows, R - 1 long, hold k <= R - 1 keys),
-    so the caller may write the mask into it in place.
+    Row i of `position_scores` [..., q, R] scores query i against R distances in decreasing order: Transformer-XL's
+    k-1 ... -1 (`offset = q - 1`), XLNet's k ... -q+1 or k ... 0 (`offset = q`); `key_length < R`, `0 <= offset <=
+    q`. The original pads a zero column and reshapes (Dai et al. App. B); reading each flat [q, R] block in rows of
+    R - 1 from element `offset` on is the same, as views. Entries outside a row read a neighbouring row's: masked
+    keys. No two entries share an element (rows of R - 1 hold k <= R - 1 keys): the mask may be written in place.
     """
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
@@ -51,9 +48,25 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
             f"relative_shift: {distances} distances cannot be shifted to {key_length} keys with offset {offset} for "
             f"{length} queries; expected key_length < distances and 0 <= offset <= queries."
         )
-    flat = position_scores.contiguous().flatten(-2)  # [..., q R]
+    flat = position_scores.flatten(-2)  # [..., q R] (a view where each [q, R] block is contiguous)
     rows = flat[..., offset : offset + length * (distances - 1)].unflatten(-1, (length, distances - 1))
     return rows[..., :key_length]  # row i starts at offset + i (R - 1) = i R + (offset - i)
+
+
+def mask_scores_(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Write the dtype's lowest value into `scores` where `mask` is True, unrecorded by autograd: those keys'
+    probabilities are exactly 0, so their gradient is 0 anyway, and a recorded write into the shifted view would
+    make the backward copy the [B, H, q, R] scores twice."""
+    with torch.no_grad():
+        return scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+
+
+def distance_scores(position_query: torch.Tensor, position_keys: torch.Tensor) -> torch.Tensor:
+    """[B, H, q, D] x [H, R, D] position keys -> [B, H, q, R], one product per head over all batch rows (broadcast
+    over the batch, the product would copy the keys per row and keep the copy for the backward)."""
+    batch, heads, length, dim = position_query.shape
+    rows = position_query.transpose(0, 1).reshape(heads, batch * length, dim)  # (a view of the usual [B, q, H, D])
+    return torch.matmul(rows, position_keys.transpose(1, 2)).unflatten(1, (batch, length)).transpose(0, 1)
 
 
 def eager_attention_forward(
@@ -87,14 +100,10 @@ def eager_attention_forward(
 
 
 def score_bias_arguments(implementation: str, bias: torch.Tensor, batch_size: int, num_heads: int) -> dict:
-    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments.
-
-    transformers' eager and sdpa convention is a float `attention_mask` added to the scores, which sdpa hands to torch
-    as it is (a strided bias stays a view; its `position_bias` would be copied to a contiguous tensor first).
+    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments: eager and
+    sdpa take a float `attention_mask`, which sdpa hands to torch as it is (its `position_bias` would be copied).
     flex_attention adds `position_bias[b, h, q, kv]` in its score_mod (a tensor `attention_mask` would be read as a
-    boolean of head 0), so it gets every batch row and head, contiguous: torch's CPU flex kernel misreads a strided
-    bias once its shapes are dynamic.
-    """
+    boolean of head 0): every row and head, contiguous (torch's CPU flex kernel misreads a strided dynamic bias)."""
     if implementation == "flex_attention":
         full = bias.expand(batch_size, num_heads, *bias.shape[-2:]).contiguous()
         return {"attention_mask": None, "position_bias": full}
@@ -122,3 +131,31 @@ def causal_memory_mask(
         mask = mask | torch.tril(ones, diagonal=-span)
     return mask
 
+
+
+class CrossEntropy(torch.autograd.Function):
+    """`F.cross_entropy(logits, target, reduction="none")` (targets of -100 give 0) with fewer [N, V] tensors, as a
+    training step's peak memory comes in the loss: the backward turns the saved log-probabilities into the gradient
+    in place (a second backward then fails on their version counter), not into two new tensors as torch's does; with
+    `overwrite` the log-probabilities are written over the logits. d(-log p_t)/dx = softmax(x) - onehot(t)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, overwrite: bool) -> torch.Tensor:
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits if overwrite else None)
+        kept = target != -100
+        index = target.where(kept, 0)[:, None]
+        ctx.save_for_backward(log_probs, index, kept)
+        return -log_probs.gather(-1, index).squeeze(-1).where(kept, 0.0)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        log_probs, index, kept = ctx.saved_tensors
+        grad = grad.where(kept, 0.0)[:, None]
+        return log_probs.exp_().mul_(grad).scatter_add_(-1, index, -grad), None, None
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "none", overwrite: bool = False):
+    """[N, V], [N] -> [N] (`reduction="none"`) or their sum ("sum"): see `CrossEntropy`."""
+    losses = CrossEntropy.apply(logits, target, overwrite)
+    return losses.sum() if reduction == "sum" else losses
