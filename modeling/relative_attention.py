@@ -56,7 +56,8 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
 def mask_scores_(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Write the dtype's lowest value into `scores` where `mask` is True, unrecorded by autograd: those keys'
     probabilities are exactly 0, so their gradient is 0 anyway, and a recorded write into the shifted view would
-    make the backward copy the [B, H, q, R] scores twice."""
+    make the backward copy the [B, H, q, R] scores twice. (A row whose every key is masked attends uniformly and
+    passes gradient to its masked scores, as transformers' subtracted XLNet mask does.)"""
     with torch.no_grad():
         return scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
 
