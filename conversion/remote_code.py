@@ -11,6 +11,7 @@ so the converter adds the other heads of the same file with `full_auto_map`.
 from ..modeling import modeling_transfo_xl, modeling_xlnet
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.configuration_xlnet import XLNetConfig
+from ..xlnet_auto_classes import AUTO_CLASSES as XLNET_AUTO_CLASSES
 
 # Model type -> (config class, the module holding every head, {Auto class: head it gives}).
 AUTO_CLASSES = {
@@ -23,7 +24,7 @@ AUTO_CLASSES = {
             "AutoModelForSequenceClassification": "TransfoXLForSequenceClassification",
         },
     ),
-    XLNetConfig.model_type: (XLNetConfig, modeling_xlnet, modeling_xlnet.AUTO_CLASSES),
+    XLNetConfig.model_type: (XLNetConfig, modeling_xlnet, XLNET_AUTO_CLASSES),
 }
 
 # Every concrete head -> the Auto class whose `auto_map` entry names it in a folder saved from it.

@@ -1,8 +1,6 @@
-"""Checks of a forward pass's inputs, shared by Transformer-XL and XLNet: bad input fails before any computation,
-naming the argument, what it got and what was expected. Shapes, dtypes and devices cost nothing to check. Values
-(ids in the vocabulary, labels in range) are checked without a host sync, by in-graph assertions
-(`torch._assert_async`, like transformers' `torch_compilable_check`): on CPU a ValueError reports the invalid
-values; on an accelerator it is a device-side assert; in a compiled graph, a RuntimeError."""
+"""Input checks of both models: bad input fails before any computation, naming the argument, what it got and what
+was expected. Values are checked without a host sync (`torch._assert_async`): a ValueError on CPU, a device-side
+assert on an accelerator, a RuntimeError in a compiled graph."""
 
 import torch
 

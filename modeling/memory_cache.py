@@ -1,11 +1,8 @@
 """The recurrent memory as a transformers `Cache`, so that `generate()` can carry it.
 
-The memory stores each layer's *input hidden states* for the last `mem_len` tokens (segment-level recurrence). Their
-keys and values, a fixed projection of them, are kept beside them and reused while the weights do not change (no
-gradient, eval mode), as are each layer's projected relative-position keys: a decoding step projects only its new
-tokens. No copies of weights, nothing shared between caches. Batch-first: hidden [B, m, d], keys / values
-[B, H, m, D]; `cache.mems` is the legacy time-major tuple. The memory grows in place (`GrowingTensor`), so `mems`
-returned beside a `cache` are views of it, which later steps may overwrite: clone them to keep them."""
+Each layer's input hidden states for the last `mem_len` tokens, batch-first [B, m, d], with their keys / values
+[B, H, m, D] and the position keys, reused while the weights are frozen (eval, no gradient). `cache.mems` is the
+legacy time-major tuple: views of a memory grown in place (`GrowingTensor`), so clone them to keep them."""
 
 import torch
 from transformers.cache_utils import Cache

@@ -26,7 +26,10 @@ from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, che
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
     causal_memory_mask,
+    cross_entropy,
+    distance_scores,
     eager_attention_forward,
+    mask_scores_,
     relative_shift,
     score_bias_arguments,
     sinusoid_encoding,
@@ -47,14 +50,11 @@ class TransfoXLModelOutput(ModelOutput):
 
 @dataclass
 class TransfoXLLMHeadModelOutput(ModelOutput):
-    """LM output. Position t predicts `labels[:, t + 1]` (labels are shifted inside, like every causal LM), or
-    `shift_labels[:, t]` (already shifted: the last position predicts the token after the segment).
+    """LM output. Position t predicts `labels[:, t + 1]` (shifted inside) or `shift_labels[:, t]`.
 
     - `loss`: mean NLL over the predicted tokens whose label is not -100 (a scalar, as Trainer expects);
-    - `losses`: per-token NLL [batch, seq_len - 1] (with `shift_labels`: [batch, seq_len]), 0 where the label is
-      -100;
-    - `logits`: log-probabilities over the full vocabulary [batch, seq_len, vocab_size], computed only when no
-      labels are given (the adaptive softmax never needs them for the loss).
+    - `losses`: per-token NLL [batch, seq_len - 1] (`shift_labels`: [batch, seq_len]), 0 where the label is -100;
+    - `logits`: log-probabilities [batch, seq_len, vocab_size], only without labels (the loss never needs them).
     """
 
     loss: torch.FloatTensor | None = None
@@ -154,12 +154,9 @@ class AdaptiveEmbedding(nn.Module):
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
-    """Hidden states -> log-probabilities over the vocabulary (or the NLL of given targets).
-
-    The head cluster's softmax covers `cutoffs[0]` ids plus one logit per tail cluster; the log-probability of an
-    id in tail cluster i is log p(cluster i) (head column `cutoffs[0] + i - 1`) + log p(id | cluster i). The legacy
-    `log_prob()` read column `-i` (reversed order) and mis-sliced; this module has one code path for both.
-    """
+    """Hidden states -> log-probabilities over the vocabulary, or the NLL of targets. The head softmax covers
+    `cutoffs[0]` ids and one logit per tail cluster: log p(id in tail i) = log p(cluster i) (head column
+    `cutoffs[0] + i - 1`) + log p(id | cluster i) (the legacy `log_prob()` read column `-i` and mis-sliced)."""
 
     def __init__(self, vocab_size, d_embed, d_proj, cutoffs, div_val=1):
         super().__init__()
@@ -191,10 +188,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         self.head_size = self.bounds[0][1] + len(self.bounds) - 1
 
     def _clusters(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """(weight, bias) of every cluster, head first; None when the output layers are not plain `nn.Linear`
-        layers with float weights (quantized or replaced: they are called, not read). With div_val 1 the one output layer is split
-        (not sliced per cluster: the gradient of a split is one concatenation, that of each slice a zero-filled
-        full-vocabulary tensor)."""
+        """(weight, bias) of every cluster, head first; None for output layers that are not plain float `nn.Linear`
+        (quantized or replaced: called, not read). div_val 1 splits the one layer (a slice's gradient would be a
+        zero-filled full-vocabulary tensor per cluster)."""
         if any(type(layer) is not nn.Linear or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
             return None
         if self.div_val == 1:
@@ -232,39 +228,33 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
 
     def nll(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """[N, d_proj], [N] -> [N] negative log-likelihood of each target (fp32 or wider).
-
-        -log p(w) = -log p(cluster | h) - log p(w | cluster, h): a cross-entropy over the head softmax (whose target
-        is the word itself or its cluster's column) plus, for a tail word, one over its cluster, computed only for
-        the rows whose target falls in it (the original's algorithm: never an [N, vocabulary] tensor). Selecting
-        those rows costs one host sync per tail cluster; a compiled graph, which cannot size a tensor by the data,
-        scores every row in every cluster and keeps each row's own."""
+        """[N, d_proj], [N] -> [N] NLL of each target (fp32 or wider): -log p(w) = -log p(cluster | h) - log p(w |
+        cluster, h), the head's cross-entropy plus, for a tail word, its cluster's, over the rows whose target is
+        there (never an [N, vocabulary] tensor; one host sync per tail cluster; a compiled graph, which cannot size
+        a tensor by the data, scores every row in every cluster). The logits are overwritten (`cross_entropy`)."""
         head_end, clusters = self.bounds[0][1], self._clusters()
         cluster_of = torch.zeros_like(target)  # 0 for the head, c for tail cluster c (no table copied to the device)
         for _, end in self.bounds[:-1]:
             cluster_of = cluster_of + (target >= end)
         head_target = target.where(cluster_of == 0, head_end - 1 + cluster_of)
-        nll = F.cross_entropy(self._logits(hidden, clusters, 0), head_target, reduction="none")
+        nll = cross_entropy(self._logits(hidden, clusters, 0), head_target, overwrite=True)
         for cluster in range(1, len(self.bounds)):
             start, end = self.bounds[cluster]
             if torch.compiler.is_compiling():
                 tail_target = (target - start).clamp(0, end - start - 1)
-                tail = F.cross_entropy(self._logits(hidden, clusters, cluster), tail_target, reduction="none")
+                tail = cross_entropy(self._logits(hidden, clusters, cluster), tail_target, overwrite=True)
                 nll = nll + tail.where(cluster_of == cluster, 0.0)
             else:
                 rows = (cluster_of == cluster).nonzero().squeeze(-1)
-                tail = F.cross_entropy(self._logits(hidden[rows], clusters, cluster), target[rows] - start,
-                                       reduction="none")  # fmt: skip
+                tail = cross_entropy(self._logits(hidden[rows], clusters, cluster), target[rows] - start,
+                                     overwrite=True)  # fmt: skip
                 nll = nll.index_add(0, rows, tail)
         return nll
 
 
 class LogUniformSampler:
-    """Draws negative ids from the log-uniform (Zipfian) distribution P(k) = log((k+2)/(k+1)) / log(V+1).
-
-    The original code's sampler for `sample_softmax > 0`: ids are assumed sorted by frequency. `log_q` is the log of
-    the probability that an id appears at least once among 2 * n_sample draws (Jean et al. 2015 correction).
-    """
+    """The original's negative sampler (`sample_softmax > 0`; ids sorted by frequency): log-uniform draws, P(k) =
+    log((k+2)/(k+1)) / log(V+1); `log_q`: log P(an id is among 2 n_sample draws) (Jean et al. 2015)."""
 
     def __init__(self, vocab_size: int, n_sample: int):
         log_indices = torch.arange(1.0, vocab_size + 2.0).log()
@@ -280,11 +270,9 @@ class LogUniformSampler:
 
 
 def sampled_softmax_nll(embedding, bias, labels, hidden, sampler):
-    """NLL of `labels` [N] under a softmax over the label and shared log-uniform negatives (training only).
-
-    Scores use the tied input embedding (`embedding(ids)`, scaled as in the model input) and a per-id output bias;
-    each score is corrected by -log q (sampled softmax, Jean et al. 2015), negatives equal to the label are removed.
-    """
+    """NLL of `labels` [N] under a softmax over the label and shared log-uniform negatives (training only): scores
+    from the tied input embedding and a per-id output bias, less log q (Jean et al. 2015); negatives equal to the
+    label are removed."""
     true_log_q, sample_log_q, negatives = sampler.sample(labels)
     true_w, sample_w = embedding(labels), embedding(negatives)
     true_logit = (true_w * hidden).sum(-1) + bias[labels] - true_log_q
@@ -314,14 +302,10 @@ class TransfoXLPositionalEmbedding(nn.Module):
 
 
 class TransfoXLAttention(nn.Module):
-    """Multi-head attention of a segment over [memory; segment], with the position scheme of `attn_type`.
-
-    attn_type 0 scores a query against a key with Dai et al. eq. (terms a-d): `(q + u) k + shift((q + v) W_R R)`;
-    attn_type 1 (Shaw et al.) uses learned per-distance key embeddings and biases: `(q + u) k + shift(q r_emb + r_bias)`;
-    attn_types 2 and 3 add absolute positions to the inputs instead (see TransfoXLLayer) and score plain `q k`.
-    The attention itself is `config._attn_implementation`'s ("eager", "sdpa", "flex_attention"), the position terms
-    and the mask passed as one additive score bias (`score_bias_arguments`).
-    """
+    """Multi-head attention of a segment over [memory; segment]. attn_type 0 scores Dai et al.'s terms (a)-(d),
+    `(q + u) k + shift((q + v) W_R R)`; 1 (Shaw et al.) `(q + u) k + shift(q r_emb + r_bias)`; 2 and 3 add absolute
+    positions to the inputs (TransfoXLLayer) and score `q k`. The attention is `config._attn_implementation`'s, the
+    position terms and the mask one additive score bias (`score_bias_arguments`)."""
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__()
@@ -368,16 +352,13 @@ class TransfoXLAttention(nn.Module):
         return keys.view(-1, self.n_head, self.d_head).transpose(0, 1)
 
     def _position_scores(self, query, key_length, position_keys, r_r_bias):
-        """Terms (b)+(d) of the scores, scaled by 1/sqrt(D), for every (query, key) pair: [B, H, q, k] for
-        attn_type 0 and 1; None for the absolute types.
-
-        Row i of the unshifted scores lists distances k-1 ... 0 and at least one more, -1, which only future (masked)
-        keys read (see relative_shift); key j of query i is at distance (k - q + i) - j, hence the shift offset q - 1."""
+        """Terms (b)+(d), scaled by 1/sqrt(D), per (query, key): [B, H, q, k] (None for absolute types). Unshifted rows
+        list distances k-1 ... -1 (or lower: -1 on is read only by masked keys); key j of query i is at distance
+        (k - q + i) - j, hence the shift offset q - 1."""
         offset = query.shape[2] - 1
         if self.attn_type == 0:
             position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
-            scores = torch.matmul(position_query, position_keys.to(query.dtype).transpose(1, 2))  # [B, H, q, R]
-            return relative_shift(scores, key_length, offset)
+            return relative_shift(distance_scores(position_query, position_keys.to(query.dtype)), key_length, offset)
         if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
             if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
@@ -408,13 +389,10 @@ class TransfoXLAttention(nn.Module):
         output_attentions: bool = False,
         slot_distances: torch.Tensor | None = None,
     ):
-        """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)).
-
-        `cached_memory`, a generation cache's layer holding the memory's keys and values, has them reused (they
-        depend only on the memory, so this is exact) and extended with the new tokens' without copying them. The
-        returned keys / values cover [memory; segment]. `mask` [B or 1, 1, q, k]: True where query i may not
-        attend key j. `output_attentions` computes the probabilities, with the "eager" implementation.
-        `slot_distances` [k]: a static cache's step (see `StaticMemoryCache`), the distance of each key slot."""
+        """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)
+        over [memory; segment]). `cached_memory`: a cache layer whose memory keys and values are reused (exact: they
+        depend on the memory only). `mask` [B or 1, 1, q, k]: True where query i may not attend key j.
+        `output_attentions`: probabilities, from "eager". `slot_distances` [k]: a static cache step's key distances."""
         batch_size, query_length = hidden.shape[:2]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
         query, key, value = map(self._heads, self.qkv_net(normed).chunk(3, dim=-1))
@@ -426,17 +404,14 @@ class TransfoXLAttention(nn.Module):
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
-        # Every score term but (a)+(c), with the mask folded in: the lowest value where a key may not be attended
-        # (written into the shifted scores, a view of their own fresh tensor: no copy of the [B, H, q, k] scores)
-        masked_score = torch.finfo(query.dtype).min
+        # Every score term but (a)+(c), the mask written into them (the shifted scores: a view, no copy)
         if slot_distances is not None:
             position_scores = self._slot_position_scores(query, position_keys, slot_distances, r_r_bias)
         else:
             position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
         if position_scores is None:
-            position_bias = torch.where(mask, masked_score, torch.zeros((), dtype=query.dtype, device=query.device))
-        else:
-            position_bias = position_scores.masked_fill_(mask, masked_score)
+            position_scores = query.new_zeros(mask.shape)
+        position_bias = mask_scores_(position_scores, mask)
         content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
 
         implementation = "eager" if output_attentions else self.config._attn_implementation
@@ -540,11 +515,9 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
         return False
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
-        """Resize the vocabulary at its end, which is the last adaptive cluster (e.g. to add special tokens for
-        fine-tuning): the cutoffs stay, so every other cluster, and the log-probabilities of its ids, are unchanged.
-        The embedding table (and, in the LM head, the softmax layer) of that cluster gains or loses rows at its end;
-        new rows start as transformers starts them (around the old rows' mean with `mean_resizing`), tied weights
-        stay tied. Shrinking is allowed while the last cluster keeps at least one id."""
+        """Resize the vocabulary at its end, the last adaptive cluster (e.g. for special tokens): the cutoffs, other
+        clusters and their log-probabilities stay. That cluster's embedding (and softmax) rows change at its end; new
+        rows start as transformers starts them (`mean_resizing`), tied weights stay tied. Shrinking keeps >= 1 id."""
         embedding = self.get_input_embeddings()
         if new_num_tokens is None and pad_to_multiple_of is None:
             return embedding
@@ -657,9 +630,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     def _attention_mask(self, query_length, memory_length, attention_mask, device):
         """Boolean [B or 1, 1, q, k] mask (True = may not attend): causal over [memory; segment], `same_length`,
-        and padding. `attention_mask` (1 = token, 0 = pad) covers the segment ([B, q]) or, as in `generate`, the
-        whole history; its last columns are then the newest memory positions and the segment. Memory positions
-        older than its first column (`zero_initial_mems`' zero slots, `mems` given before the history) are attended."""
+        padding. `attention_mask` (1 = token, 0 = pad) covers the segment [B, q] or, as in `generate`, the history
+        (its last columns: the newest memory, the segment); memory older than its first column is attended."""
         key_length = memory_length + query_length
         span = self.config.same_length_span
         if span is None:  # the legacy span: the segment less the keys beyond mem_len (sym_max: no branch to export)
@@ -814,11 +786,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     @staticmethod
     def _lowest_distance(query_length, key_length) -> int:
-        """The lowest relative distance attn_type 0's position keys list: -1, read only for masked (future) keys
-        (see relative_shift), and for a segment of concrete length a few more, so that the position scores' rows
-        are a multiple of 8 long: matrix-product kernels store aligned rows faster. A decoding step's single row
-        keeps -1 (its cached table then serves every step), and so do traced graphs (torch.compile, torch.export:
-        no guard on the lengths' remainder, which would compile a graph per remainder)."""
+        """The lowest distance attn_type 0's position keys list: -1 (read only by masked keys), or lower so that the
+        score rows are a multiple of 8 long (aligned rows store faster). -1 for a decoding step (its cached table
+        serves every step) and in traced graphs (a guard on the remainder would compile a graph per remainder)."""
         if torch.compiler.is_compiling() or not isinstance(key_length, int) or query_length == 1:
             return -1
         return -1 - (-(key_length + 1)) % 8

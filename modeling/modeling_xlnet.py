@@ -50,7 +50,10 @@ from .input_checks import (
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
     causal_memory_mask,
+    cross_entropy,
+    distance_scores,
     eager_attention_forward,
+    mask_scores_,
     relative_shift,
     score_bias_arguments,
     sinusoid_encoding,
@@ -164,7 +167,7 @@ class XLNetRelativeAttention(nn.Module):
         if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
-            scores = torch.matmul(position_query, position_keys.transpose(-1, -2))
+            scores = distance_scores(position_query, position_keys)
         # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
         if slot_columns is None:
             position_bias = relative_shift(scores, key.shape[2], offset)
@@ -179,7 +182,7 @@ class XLNetRelativeAttention(nn.Module):
         if mask is not None and mask.is_floating_point():  # (additive: a static cache's step, see `_slot_masks`)
             position_bias.add_(mask)
         elif mask is not None:  # True where query i may not see key j
-            position_bias.masked_fill_(mask, torch.finfo(dtype).min)
+            mask_scores_(position_bias, mask)
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return attention_interface(
@@ -513,10 +516,8 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
 
 def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
-    """The loss averaged over this batch's targets (class ids of -100 do not count), or summed and divided by
-    `num_items_in_batch` when Trainer passes it (gradient accumulation: the total over all micro-batches, so that
-    accumulated gradients equal a full batch's). No target at all gives 0 and zero gradients, not NaN (0 / 0 would
-    put NaN into every gradient). The count stays a tensor: no host sync."""
+    """The loss averaged over this batch's targets (-100 does not count), or summed over Trainer's
+    `num_items_in_batch` (gradient accumulation). No target gives 0, not NaN; the count stays a tensor (no sync)."""
     if num_items_in_batch is None:
         if targets.is_floating_point():  # regression, multi-label: every value is a target
             return loss_fn(inputs, targets, reduction="mean")
@@ -932,7 +933,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:  # (in fp32 at least, as transformers' causal-LM losses)
             upcast = logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32))
-            loss = _loss_sum_or_mean(F.cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
+            loss = _loss_sum_or_mean(cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
         return XLNetLMHeadModelOutput(
             loss=loss,
             logits=logits,
@@ -1409,41 +1410,6 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         )
 
 
-# ----- Auto classes -----
-
-# Which of our classes each Auto class gives for model type "xlnet" (transformers' own XLNet mapping, same names).
-AUTO_CLASSES = {
-    "AutoModel": "XLNetModel",
-    "AutoModelForPreTraining": "XLNetLMHeadModel",
-    "AutoModelForCausalLM": "XLNetLMHeadModel",
-    "AutoModelForSequenceClassification": "XLNetForSequenceClassification",
-    "AutoModelForTokenClassification": "XLNetForTokenClassification",
-    "AutoModelForMultipleChoice": "XLNetForMultipleChoice",
-    "AutoModelForQuestionAnswering": "XLNetForQuestionAnsweringSimple",
-}
-
-
-def use_for_auto_classes():
-    """Make `AutoConfig` / `AutoModel*` give these classes for model type "xlnet", in this process (opt-in; undo with
-    `use_builtin_auto_classes`)."""
-    import transformers
-
-    transformers.AutoConfig.register(XLNetConfig.model_type, XLNetConfig, exist_ok=True)
-    for auto_name, class_name in AUTO_CLASSES.items():
-        getattr(transformers, auto_name).register(XLNetConfig, globals()[class_name], exist_ok=True)
-
-
-def use_builtin_auto_classes():
-    """Give model type "xlnet" back to transformers' built-in XLNet in the Auto classes."""
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if CONFIG_MAPPING._extra_content.get(XLNetConfig.model_type) is XLNetConfig:
-        del CONFIG_MAPPING._extra_content[XLNetConfig.model_type]
-    for auto_name in AUTO_CLASSES:
-        getattr(transformers, auto_name)._model_mapping._extra_content.pop(XLNetConfig, None)
-
-
 __all__ = [
     "XLNetPreTrainedModel",
     "XLNetModel",
@@ -1453,6 +1419,4 @@ __all__ = [
     "XLNetForMultipleChoice",
     "XLNetForQuestionAnsweringSimple",
     "XLNetForQuestionAnswering",
-    "use_for_auto_classes",
-    "use_builtin_auto_classes",
 ]

@@ -1,14 +1,13 @@
 """What Transformer-XL and XLNet share: sinusoidal relative encodings, the relative shift, relative attention in
-transformers' attention-interface convention, and the causal mask over [memory; segment].
+transformers' attention-interface convention, the causal mask over [memory; segment], and the language-model loss.
 
 Dai et al. (2019), Sec. 3.3: for a query i and a key j the attention score is
 
     A_ij = (E_xi W_q + u)^T W_k E_xj   [(a) content + (c) global content bias u]
          + (E_xi W_q + v)^T W_kR R_i-j [(b) content-dependent position + (d) global position bias v]
 
-(a)+(c) is a dot product of `q + u` with the keys. (b)+(d), computed per relative distance and re-indexed to
-(query, key) pairs by the relative shift (App. B), reaches the attention function with the mask as one additive
-score bias, so one call serves "eager", "sdpa" and "flex_attention" (`score_bias_arguments`). Batch-first tensors."""
+(a)+(c) is `q + u` against the keys; (b)+(d), per distance, shifted to (query, key) pairs (App. B), and the mask
+are one additive score bias for every attention implementation (`score_bias_arguments`)."""
 
 import torch
 import torch.nn.functional as F
@@ -31,19 +30,33 @@ def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor
 
 def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
     """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
-    Row i of `position_scores` [..., q, R] lists R distances in decreasing order (Transformer-XL k-1 ... -1,
-    `offset = q - 1`; XLNet k ... -q+1 or k ... 0, `offset = q`). Reading the flat scores in rows of R - 1 from
-    `offset` on is the original's pad-and-reshape (Dai et al. App. B) as views. Entries outside 0 ... R-1 belong to
-    masked keys; no two entries share an element, so the caller may write the mask in place."""
+    Rows list R distances in decreasing order (Transformer-XL k-1 ... -1, offset q - 1; XLNet k ... , offset q).
+    Rows of R - 1 read from `offset` on are the original's pad-and-reshape (App. B) as views; entries outside 0 ...
+    R-1 are masked keys', and no two share an element: the mask may be written in place."""
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
         raise ValueError(
             f"relative_shift: {distances} distances cannot be shifted to {key_length} keys with offset {offset} for "
             f"{length} queries; expected key_length < distances and 0 <= offset <= queries."
         )
-    flat = position_scores.contiguous().flatten(-2)  # [..., q R]
+    flat = position_scores.flatten(-2)  # [..., q R] (a view where each [q, R] block is contiguous)
     rows = flat[..., offset : offset + length * (distances - 1)].unflatten(-1, (length, distances - 1))
     return rows[..., :key_length]  # row i starts at offset + i (R - 1) = i R + (offset - i)
+
+
+def mask_scores_(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The dtype's lowest value where `mask` is True, unrecorded by autograd: those probabilities are 0, so is their
+    gradient (not in a fully masked row, as in transformers' XLNet); a recorded write would copy the scores twice."""
+    with torch.no_grad():
+        return scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+
+
+def distance_scores(position_query: torch.Tensor, position_keys: torch.Tensor) -> torch.Tensor:
+    """[B, H, q, D] x [H, R, D] position keys -> [B, H, q, R], one product per head over all batch rows (broadcast
+    over the batch, the product would copy the keys per row and keep the copy for the backward)."""
+    batch, heads, length, dim = position_query.shape
+    rows = position_query.transpose(0, 1).reshape(heads, batch * length, dim)  # (a view of the usual [B, q, H, D])
+    return torch.matmul(rows, position_keys.transpose(1, 2)).unflatten(1, (batch, length)).transpose(0, 1)
 
 
 def eager_attention_forward(
@@ -99,3 +112,30 @@ def causal_memory_mask(
         mask = mask | torch.tril(ones, diagonal=-span)
     return mask
 
+
+
+class CrossEntropy(torch.autograd.Function):
+    """`F.cross_entropy(..., reduction="none")` (-100 gives 0) with fewer [N, V] tensors (a training step's peak): the
+    backward turns the saved log-probabilities into the gradient in place; `overwrite` writes them over the logits.
+    d(-log p_t)/dx = softmax(x) - onehot(t)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, overwrite: bool) -> torch.Tensor:
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits if overwrite else None)
+        kept = target != -100
+        index = target.where(kept, 0)[:, None]
+        ctx.save_for_backward(log_probs, index, kept)
+        return -log_probs.gather(-1, index).squeeze(-1).where(kept, 0.0)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        log_probs, index, kept = ctx.saved_tensors
+        grad = grad.where(kept, 0.0)[:, None]
+        return log_probs.exp_().mul_(grad).scatter_add_(-1, index, -grad), None, None
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "none", overwrite: bool = False):
+    """[N, V], [N] -> [N] (`reduction="none"`) or their sum ("sum"): see `CrossEntropy`."""
+    losses = CrossEntropy.apply(logits, target, overwrite)
+    return losses.sum() if reduction == "sum" else losses

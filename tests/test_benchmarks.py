@@ -329,3 +329,26 @@ def test_check_device_counts_host_syncs_on_cpu():
 
     syncing = lambda: torch.ones(1).item()  # noqa: E731
     assert check_device.count_syncs(syncing, device) == (1, None)
+
+
+def test_memory_breakdown_tracks_what_is_alive_at_the_peak_and_what_autograd_saved(monkeypatch):
+    """`memory_breakdown.StorageTracker`: new storages count from their making to their freeing (views and in-place
+    results add nothing), the peak keeps what was alive then, and the saved-tensor hook marks what autograd saved."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import memory_breakdown
+
+    kib = 1024
+    weight = torch.randn(256, 256, requires_grad=True)  # (made before: not counted)
+    tracker = memory_breakdown.StorageTracker()
+    with tracker, torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, lambda tensor: tensor):
+        hidden = torch.ones(64, 256) @ weight  # 64 KiB; the ones (64 KiB) saved for the weight's gradient
+        out = hidden.tanh()  # 64 KiB, saved (tanh's backward reads its output)
+        out.t().mul_(2)  # (a view, in place: nothing new)
+        del hidden
+        temporary = torch.zeros(128, 256)  # 128 KiB
+        del temporary
+    assert tracker.bytes == 128 * kib  # the ones and `out`
+    assert tracker.peak == 256 * kib  # the ones, `out` and the temporary
+    assert sorted((size, saved) for size, _, saved in tracker.at_peak.values()) == [
+        (64 * kib, True), (64 * kib, True), (128 * kib, False)
+    ]

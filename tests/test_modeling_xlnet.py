@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+import transformers_xl
 import transformers_xl.modeling.modeling_xlnet as ours
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 
@@ -477,7 +478,7 @@ def test_auto_classes_opt_in_and_back(tmp_path):
     reference.save_pretrained(tmp_path)
     # importing the plugin leaves transformers' XLNet in charge
     assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path)) is transformers.XLNetLMHeadModel
-    ours.use_for_auto_classes()
+    transformers_xl.use_for_auto_classes()
     try:
         assert type(transformers.AutoConfig.from_pretrained(tmp_path)) is XLNetConfig
         assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path)) is ours.XLNetLMHeadModel
@@ -485,7 +486,7 @@ def test_auto_classes_opt_in_and_back(tmp_path):
         # the built-in classes stay reachable explicitly
         assert type(transformers.AutoModel.from_config(transformers.XLNetConfig(**TINY))) is transformers.XLNetModel
     finally:
-        ours.use_builtin_auto_classes()
+        transformers_xl.use_builtin_auto_classes()
     assert type(transformers.AutoModelForCausalLM.from_pretrained(tmp_path)) is transformers.XLNetLMHeadModel
 
 

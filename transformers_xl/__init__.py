@@ -32,9 +32,8 @@ from .modeling.modeling_xlnet import (
     XLNetLMHeadModel,
     XLNetModel,
     XLNetPreTrainedModel,
-    use_builtin_auto_classes,
-    use_for_auto_classes,
 )
+from .xlnet_auto_classes import use_builtin_auto_classes, use_for_auto_classes
 from .conversion.remote_code import register_remote_code
 
 AutoConfig.register(TransfoXLConfig.model_type, TransfoXLConfig)

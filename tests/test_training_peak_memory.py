@@ -1,0 +1,101 @@
+"""What a training step keeps and copies (its peak memory, issue 38; docs/benchmarks.md): the loss's backward makes no
+[N, V] tensor, the position scores keep no per-row copy of the position keys, and the mask written into the shifted
+scores leaves no in-place copy node in the graph, each with the values torch's own operations give."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from transformers_xl.modeling.relative_attention import cross_entropy, distance_scores, mask_scores_, relative_shift
+
+
+class ShapesMade(TorchDispatchMode):
+    """The shapes of the new tensors the operations under it make (not views, not in-place results)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def tensors(tree):
+            return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+        inputs = {t.untyped_storage().data_ptr() for t in tensors((args, kwargs))}
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in tensors(out) if t.untyped_storage().data_ptr() not in inputs]
+        return out
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_cross_entropy_equals_torch_and_its_backward_makes_no_full_size_tensor(overwrite):
+    torch.manual_seed(0)
+    weight = torch.randn(50, 8, requires_grad=True)
+    hidden, target = torch.randn(12, 8), torch.randint(0, 50, (12,))
+    target[3] = -100
+    row_grads = torch.randn(12)
+    expected = F.cross_entropy(hidden @ weight.t(), target, reduction="none")
+    (expected * row_grads).sum().backward()
+    expected_grad, weight.grad = weight.grad, None
+
+    losses = cross_entropy(hidden @ weight.t(), target, overwrite=overwrite)
+    with ShapesMade() as made:
+        (losses * row_grads).sum().backward()
+    assert torch.equal(losses, expected)
+    torch.testing.assert_close(weight.grad, expected_grad, rtol=0, atol=1e-6)
+    assert (12, 50) not in made.shapes  # torch's backward makes two: nll_loss's one-hot gradient, log_softmax's
+    assert cross_entropy(hidden @ weight.t(), target, "sum").item() == pytest.approx(expected.sum().item())
+
+
+def test_cross_entropy_overwrites_the_logits_only_when_asked_and_refuses_a_second_backward():
+    logits = torch.randn(4, 6, requires_grad=True) * 1  # (a non-leaf, as a layer's output is)
+    target = torch.tensor([0, 5, 2, 1])
+    kept = logits.detach().clone()
+    loss = cross_entropy(logits, target).sum()
+    assert torch.equal(logits, kept)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    cross_entropy(logits, target, overwrite=True)
+    assert torch.equal(logits, torch.log_softmax(kept, -1))
+
+
+def test_distance_scores_keep_no_per_row_copy_of_the_position_keys():
+    torch.manual_seed(0)
+    batch, heads, length, dim, distances = 3, 2, 5, 4, 7
+    # the query's usual layout: heads of a [B, q, H * D] projection
+    query = torch.randn(batch, length, heads * dim, requires_grad=True)
+    position_query = query.view(batch, length, heads, dim).transpose(1, 2) + 1
+    position_keys = torch.randn(heads, distances, dim, requires_grad=True)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        scores = distance_scores(position_query, position_keys)
+    expected = torch.matmul(position_query, position_keys.transpose(1, 2))
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-6)
+    kept = sum(t.untyped_storage().nbytes() for t in saved)
+    assert kept <= position_query.untyped_storage().nbytes() + position_keys.untyped_storage().nbytes()
+    scores.sum().backward()  # (and the backward runs through the views)
+
+
+def test_mask_written_into_the_shifted_scores_adds_no_copy_node_and_keeps_the_gradient():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 4, 9, requires_grad=True)
+    mask = torch.ones(4, 8, dtype=torch.bool).triu(5)  # (every row keeps keys: masked probabilities are exactly 0)
+    bias = mask_scores_(relative_shift(scores * 1, 8, 3), mask)
+    node, names = bias.grad_fn, []
+    while node is not None:
+        names.append(node.name())
+        node = node.next_functions[0][0] if node.next_functions else None
+    assert not any("CopySlices" in name for name in names)
+
+    content = torch.randn(2, 3, 4, 8)
+    torch.softmax(content + bias, -1).pow(2).sum().backward()
+    expected_grad, scores.grad = scores.grad, None
+    recorded = relative_shift(scores * 1, 8, 3).masked_fill(mask, torch.finfo(scores.dtype).min)
+    torch.softmax(content + recorded, -1).pow(2).sum().backward()
+    torch.testing.assert_close(expected_grad, scores.grad, rtol=0, atol=0)
