@@ -13,15 +13,12 @@ on the same device; the legacy Transformer-XL (transformers 4.37.2) in a process
 
 import argparse
 import collections
-import subprocess
 import sys
-import tempfile
 import weakref
-from pathlib import Path
 
 import torch
-from run import CASES, Session, write_case_folder
-from timing import LEGACY_PYTHON_ENV, legacy_python
+from run import CASES, Session, measure_case
+from timing import LEGACY_PYTHON_ENV
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -121,17 +118,8 @@ def main():
     parser.add_argument("--folder", help=argparse.SUPPRESS)  # (set when this script re-runs itself for legacy)
     args = parser.parse_args()
     case = next(case for case in CASES[args.config] if case.model == args.model)
-    if args.folder:
-        return breakdown(Session(Path(args.folder), args.implementation), args.rows)
-    folder = Path(tempfile.mkdtemp(prefix="memory_")) / "case"
-    write_case_folder(case, folder)
-    if args.implementation != "legacy":
-        return breakdown(Session(folder, args.implementation), args.rows)
-    python = legacy_python(args.legacy_python)
-    if not python:
-        parser.error(f"--implementation legacy needs --legacy-python or ${LEGACY_PYTHON_ENV}")
-    return subprocess.run([python, __file__, *sys.argv[1:], "--folder", str(folder)], check=True).returncode
-
+    return measure_case(parser, args, case, lambda folder: breakdown(Session(folder, args.implementation), args.rows),
+                        "memory_")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,14 +11,12 @@ of its own under the legacy python (`--legacy-python` or $TRANSFORMERS_XL_LEGACY
 """
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-from run import CASES, Session, ideal_forward_flops, write_case_folder
-from timing import LEGACY_PYTHON_ENV, legacy_python
+from run import CASES, Session, ideal_forward_flops, measure_case
+from timing import LEGACY_PYTHON_ENV
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -56,17 +54,9 @@ def main():
         torch.set_num_threads(args.threads)
     case = next(case for case in CASES[args.config] if case.model == args.model)
     ideal = ideal_forward_flops(case)
-    if args.folder:
-        return profile_call(Path(args.folder), args.implementation, args.workload, args.rows, ideal)
-    folder = Path(tempfile.mkdtemp(prefix="profile_")) / "case"
-    write_case_folder(case, folder)
-    if args.implementation != "legacy":
-        return profile_call(folder, args.implementation, args.workload, args.rows, ideal)
-    python = legacy_python(args.legacy_python)
-    if not python:
-        parser.error(f"--implementation legacy needs --legacy-python or ${LEGACY_PYTHON_ENV}")
-    return subprocess.run([python, __file__, *sys.argv[1:], "--folder", str(folder)], check=True).returncode
-
+    return measure_case(parser, args, case,
+                        lambda folder: profile_call(folder, args.implementation, args.workload, args.rows, ideal),
+                        "profile_")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -63,6 +63,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -405,6 +406,22 @@ def side_summary(values):
     if isinstance(values, str):
         return {"status": "failed", "error": values}
     return {"status": "measured", **summary(values)}
+
+
+def measure_case(parser, args, case: Case, measure, prefix: str):
+    """What the one-case scripts (profile_step.py, memory_breakdown.py) share: `measure(folder)` on `case`'s folder,
+    written to a temporary folder here; for `--implementation legacy` the script runs again under the legacy venv's
+    python with `--folder` (its hidden option), where `measure` reads the same folder."""
+    if args.folder:
+        return measure(Path(args.folder))
+    folder = Path(tempfile.mkdtemp(prefix=prefix)) / "case"
+    write_case_folder(case, folder)
+    if args.implementation != "legacy":
+        return measure(folder)
+    python = legacy_python(args.legacy_python)
+    if not python:
+        parser.error(f"--implementation legacy needs --legacy-python or ${LEGACY_PYTHON_ENV}")
+    return subprocess.run([python, sys.argv[0], *sys.argv[1:], "--folder", str(folder)], check=True).returncode
 
 
 def write_case_folder(case: Case, folder: Path):
