@@ -375,7 +375,7 @@ class TransfoXLAttention(nn.Module):
         R-1 ... 0 of `position_keys` [H, R, D], then taken per key slot by its distance (`slot_distances` [R]):
         the ring buffer's keys are in slot order, not in distance order, so this replaces the relative shift."""
         position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
-        by_distance = torch.einsum("bhqd,hrd->bhqr", position_query, position_keys.to(query.dtype))
+        by_distance = distance_scores(position_query, position_keys.to(query.dtype))
         return by_distance.index_select(-1, by_distance.shape[-1] - 1 - slot_distances)
 
     def forward(

@@ -30,7 +30,7 @@ def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor
 
 def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
     """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
-    Rows list R distances in decreasing order (Transformer-XL k-1 ... -1, offset q - 1; XLNet k ... , offset q).
+    Rows list R distances in decreasing order (Transformer-XL k-1 ... -1, offset q - 1; XLNet k ... -q+1, offset q).
     Rows of R - 1 read from `offset` on are the original's pad-and-reshape (App. B) as views; entries outside 0 ...
     R-1 are masked keys', and no two share an element: the mask may be written in place."""
     *batch, length, distances = position_scores.shape
