@@ -245,18 +245,12 @@ def compile_config(device):
     return config
 
 
-def bench_static(config, prompt_len, rounds, new_tokens=12, device="cpu", dtype=torch.float32,
-                 attn_implementation="sdpa", compiled=True, model_type="transfo-xl"):  # fmt: skip
-    """Transformer-XL or XLNet (`model_type`; random weights from seed 0, in `dtype`): ours with the static cache
+def bench_static(config_class, model_class, config, prompt_len, rounds, new_tokens=12, device="cpu",
+                 dtype=torch.float32, attn_implementation="sdpa", compiled=True):  # fmt: skip
+    """Our Transformer-XL or XLNet (`model_class`; random weights from seed 0, in `dtype`): with the static cache
     and (`compiled`) generate()'s compiled step against ours eager with the default cache, alternating. Returns
     ({"static": [seconds per token], "eager": [...]}, seconds of the first static call (3 new tokens: the prompt,
     the compilation, two steps), whether both give the same 8 greedy tokens)."""
-    import transformers_xl
-
-    config_class, model_class = {
-        "transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
-        "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel),
-    }[model_type]
     torch.manual_seed(0)
     attention = attention_implementation(model_class, attn_implementation)
     model = model_class(config_class(**config, attn_implementation=attention)).eval().to(device, dtype)

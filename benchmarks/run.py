@@ -184,15 +184,22 @@ MODEL_NAMES = {"transfo-xl": "Transformer-XL", "xlnet": "XLNet"}
 # One implementation, in this process or in a worker
 
 
+def our_classes(model_type: str):
+    """(config class, LM head class) of ours for a case's model type ("transfo-xl" or "xlnet")."""
+    import transformers_xl
+
+    return {
+        "transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
+        "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel),
+    }[model_type]
+
+
 def load_model(folder: Path, implementation: str, device="cpu", attn_implementation="sdpa"):
     """Ours, transformers 5's XLNet or transformers 4.37.2's Transformer-XL (run under the legacy python), on
     `device`, with `attn_implementation` where the model supports it (`devices.attention_implementation`)."""
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
     if implementation == "ours":
-        import transformers_xl
-
-        model_class = {"transfo-xl": transformers_xl.TransfoXLLMHeadModel, "xlnet": transformers_xl.XLNetLMHeadModel}
-        model_class = model_class[model_type]
+        model_class = our_classes(model_type)[1]
     elif implementation == "transformers":
         from transformers import XLNetLMHeadModel as model_class
     elif implementation == "legacy":
@@ -427,12 +434,7 @@ def measure_case(parser, args, case: Case, measure, prefix: str):
 def write_case_folder(case: Case, folder: Path):
     """config.json + pytorch_model.bin (every key, as transformers 4.x saved them) from our randomly initialised
     model, and inputs.pt: the second segment and the memory our model left after the first one."""
-    import transformers_xl
-
-    config_class, model_class = {
-        "transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
-        "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel),
-    }[case.model]
+    config_class, model_class = our_classes(case.model)
     torch.manual_seed(0)
     model = model_class(config_class(**case.config)).eval()
     folder.mkdir(parents=True)
@@ -653,24 +655,21 @@ def measure_static_decoding(run: Run):
     (compilation included) and the time over the weight-streaming floor. --quick: the tiny configurations, fp32,
     not compiled (compiling takes seconds even there)."""
     import bench_generation
-    import transformers_xl
 
     if not run.gemv_bandwidth:
         measure_peak(run, "for the floor")
     cases = deploy_cases(run.args.quick) + ([] if run.args.quick else pretrained_decode_cases(False))
     dtypes = [torch.float32] if run.args.quick else [torch.float32, torch.bfloat16]
     prompt, new_tokens = (8, 4) if run.args.quick else (64, 12)
-    classes = {"transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
-               "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel)}  # fmt: skip
     for case in cases:
-        config_class, model_class = classes[case.model]
+        config_class, model_class = our_classes(case.model)
         model = model_class(config_class(**case.config))
         fp32_bytes = bench_generation.streamed_weight_bytes(model)
         del model
         for dtype in dtypes:
             sides, first_call, same = bench_generation.bench_static(
-                case.config, prompt, run.args.rounds, new_tokens, run.args.device, dtype, run.args.attn_implementation,
-                compiled=not run.args.quick, model_type=case.model,
+                config_class, model_class, case.config, prompt, run.args.rounds, new_tokens, run.args.device, dtype,
+                run.args.attn_implementation, compiled=not run.args.quick,
             )
             weight_bytes = fp32_bytes * torch.finfo(dtype).bits // 32
             run.add("static", case.name, MODEL_NAMES[case.model], f"{str(dtype).removeprefix('torch.')}, "
