@@ -239,8 +239,12 @@ class MemoryCache(Cache):
         [old memory; new_hidden] exactly; without them any stored keys are dropped (they would no longer match)."""
         layer = self.layers[layer_idx]
         keys, values = (None if tensor is None else tensor.detach() for tensor in (keys, values))
-        layer.append(new_hidden.detach(), keys, values)
-        if self.mem_len is not None and not self.record_past:
+        keep = self.mem_len is not None and not self.record_past
+        if keep and keys is None and new_hidden.shape[1] >= self.mem_len:  # the segment fills it: a view, no copy
+            layer.sequences, layer.hidden = {}, new_hidden[:, new_hidden.shape[1] - self.mem_len :].detach()
+        else:
+            layer.append(new_hidden.detach(), keys, values)
+        if keep:
             layer.keep_last(self.mem_len)
         if layer_idx == 0:
             self.seen_tokens += new_hidden.shape[1]

@@ -194,3 +194,15 @@ def test_kept_position_keys_follow_a_weight_written_through_data_and_the_config(
     after = segment()
     torch.testing.assert_close(after, segment(expected))
     assert not torch.allclose(after, before)
+
+
+def test_a_training_segment_that_fills_the_memory_is_remembered_as_a_view_of_the_layer_inputs():
+    # (a training step's peak held a copy of [memory; segment] per layer, of which the next step reads mem_len; with
+    # gradients off the memory's keys are kept too, and the memory grows in place for decoding)
+    ids = torch.randint(1, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    for model, mem_kwargs in ((tiny_transfo_xl(mem_len=4), {}), (tiny_xlnet(mem_len=4), {"use_mems": True})):
+        first = model(ids[:, :3], **mem_kwargs).mems
+        out = model(ids, mems=first, output_hidden_states=True, **mem_kwargs)
+        for mem, layer_input in zip(out.mems, out.hidden_states):  # (time-major mems)
+            assert mem.untyped_storage().data_ptr() == layer_input.untyped_storage().data_ptr()
+            assert torch.equal(mem.transpose(0, 1), layer_input[:, -4:]) and not mem.requires_grad
