@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
@@ -287,17 +286,31 @@ def _project(x: torch.Tensor, projection) -> torch.Tensor:
     return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
 
 
-_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+class RecomputedActivation(torch.autograd.Function):
+    """`F.linear(dropout(activation(inner)), weight, bias)` keeping `inner` (and a dropout's boolean mask), not the
+    activation, for the backward: as selective checkpointing, without its per-call overhead (docs/benchmarks.md)."""
 
+    @staticmethod
+    def forward(ctx, inner, weight, bias, activation, p: float):
+        dropped, kept = torch.native_dropout(activation(inner), p, True) if p else (activation(inner), None)
+        ctx.activation, ctx.scale = activation, 1 / (1 - p)
+        ctx.save_for_backward(inner, weight, kept)
+        return F.linear(dropped, weight, bias)
 
-def _save_products(*_):
-    """Selective activation checkpointing: keep what matrix products make, recompute the rest (see
-    `XLNetFeedForward._activation_and_output`)."""
-    return create_selective_checkpoint_contexts(
-        lambda ctx, op, *args, **kwargs: (
-            CheckpointPolicy.MUST_SAVE if op in _PRODUCTS else CheckpointPolicy.PREFER_RECOMPUTE
-        )
-    )
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        inner, weight, kept = ctx.saved_tensors
+        with torch.enable_grad():
+            inner = inner.detach().requires_grad_()
+            activated = ctx.activation(inner)
+        grad_dropped, dropped = grad @ weight.to(grad.dtype), activated.detach()
+        if kept is not None:  # (the forward's dropout: x * kept * scale)
+            dropout = torch.ops.aten.native_dropout_backward
+            grad_dropped, dropped = dropout(grad_dropped, kept, ctx.scale), dropout(dropped, kept, ctx.scale)
+        rows = grad.flatten(0, -2)
+        grad_inner = torch.autograd.grad(activated, inner, grad_dropped)[0]
+        return grad_inner, rows.t() @ dropped.flatten(0, -2).to(rows.dtype), rows.sum(0), None, None
 
 
 class XLNetFeedForward(nn.Module):
@@ -314,17 +327,13 @@ class XLNetFeedForward(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         inner = self.layer_1(hidden)
-        if torch.is_grad_enabled() and inner.requires_grad and not torch.compiler.is_compiling():
-            output = checkpoint(self._activation_and_output, inner, use_reentrant=False, context_fn=_save_products)
+        if inner.requires_grad and type(self.layer_2) is nn.Linear and not torch.compiler.is_compiling():
+            p = self.dropout.p if self.training else 0.0
+            layer = self.layer_2
+            output = RecomputedActivation.apply(inner, layer.weight, layer.bias, self.activation_function, p)
         else:
-            output = self._activation_and_output(inner)
+            output = self.layer_2(self.dropout(self.activation_function(inner)))
         return self.layer_norm(self.dropout(output) + hidden)
-
-    def _activation_and_output(self, inner: torch.Tensor) -> torch.Tensor:
-        """layer_2(dropout(activation(inner))). With gradients, the activation is recomputed in the backward pass
-        from `inner` (saved as this function's input) instead of being stored too: a [B, L, d_inner] tensor less
-        per layer for an elementwise pass (the products are stored, as usual)."""
-        return self.layer_2(self.dropout(self.activation_function(inner)))
 
 
 class XLNetLayer(GradientCheckpointingLayer):
@@ -710,8 +719,7 @@ class XLNetModel(XLNetPreTrainedModel):
         cache_given = cache is not None
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
         remember = use_mems or cache_given
-        # The memory's keys / values and the position keys are fixed projections: reusable while the weights are
-        # frozen (no dropout, no gradient).
+        # The memory's keys / values and the position keys are reusable while the weights are frozen.
         reuse_projections = remember and not self.training and not torch.is_grad_enabled()
         static = isinstance(cache, StaticMemoryCache)
         if static:
@@ -836,9 +844,8 @@ class XLNetModel(XLNetPreTrainedModel):
 
     def _slot_masks(self, cache, dtype):
         """A static cache step's rows: the two tokens fed again (positions n-2, n-1) and the query of n. Returns each
-        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]:
-        the dtype's lowest value for "uni"'s future keys and, with same_length, keys beyond the memory; -inf on
-        unwritten slots, so that a row seeing no key averages the keys held, as with the default cache."""
+        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]
+        ("uni"'s future keys, same_length's beyond the memory; -inf on unwritten slots, as the default cache)."""
         newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
         distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
         masked = (distances < 0) & (self.config.attn_type == "uni")
@@ -945,7 +952,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
 
     # ----- generation -----
 
-    # Tokens of the previous step recomputed at every step with memory (transformers' choice: slightly better than 1).
+    # Tokens of the previous step recomputed at every step with memory (transformers' choice).
     generation_offset = 2
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
@@ -983,11 +990,10 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
         """transformers' XLNet scheme without its dummy token (docs/generation.md): the query stream runs right after
-        the input (`predict_next_token`). With `use_mems` each step feeds the last two tokens again, and the cache
-        holds the positions transformers' memory does, less the dummy. Given `mems` lose their newest two, as there."""
+        the input (`predict_next_token`); with `use_mems` each step feeds the last two tokens again."""
         for unused in (
             "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
-            "tokenizer",  # generate()'s, for stop strings: it comes along with the model keywords
+            "tokenizer",  # (generate()'s, for stop strings)
         ):  # fmt: skip
             kwargs.pop(unused, None)
         if kwargs.pop("inputs_embeds", None) is not None:

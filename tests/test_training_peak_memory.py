@@ -1,12 +1,15 @@
 """What a training step keeps and copies (its peak memory, issue 38; docs/benchmarks.md): the loss's backward makes no
-[N, V] tensor, the position scores keep no per-row copy of the position keys, and the mask written into the shifted
-scores leaves no in-place copy node in the graph, each with the values torch's own operations give."""
+[N, V] tensor, the position scores keep no per-row copy of the position keys, the mask written into the shifted
+scores leaves no in-place copy node in the graph, and XLNet's feed-forward keeps no activation output, each with the
+values torch's own operations give."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.activations import ACT2FN
 
+from transformers_xl.modeling.modeling_xlnet import RecomputedActivation
 from transformers_xl.modeling.relative_attention import cross_entropy, distance_scores, mask_scores_, relative_shift
 
 
@@ -99,3 +102,27 @@ def test_mask_written_into_the_shifted_scores_adds_no_copy_node_and_keeps_the_gr
     recorded = relative_shift(scores * 1, 8, 3).masked_fill(mask, torch.finfo(scores.dtype).min)
     torch.softmax(content + recorded, -1).pow(2).sum().backward()
     torch.testing.assert_close(expected_grad, scores.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_xlnet_feed_forward_keeps_only_its_input_and_the_dropout_mask_and_equals_autograd(dropout):
+    # (the activation is recomputed in the backward; selective checkpointing did the same at ~0.5 ms per call)
+    torch.manual_seed(0)
+    inner, weight, bias = (torch.randn(*shape, requires_grad=True) for shape in [(2, 5, 12), (4, 12), (4,)])
+    activation, row_grads = ACT2FN["gelu_new"], torch.randn(2, 5, 4)
+    saved = []
+    torch.manual_seed(1)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        output = RecomputedActivation.apply(inner, weight, bias, activation, dropout)
+    grads = torch.autograd.grad(output, (inner, weight, bias), row_grads)
+    torch.manual_seed(1)
+    activated = activation(inner)
+    dropped = torch.native_dropout(activated, dropout, True)[0] if dropout else activated
+    expected = F.linear(dropped, weight, bias)
+    expected_grads = torch.autograd.grad(expected, (inner, weight, bias), row_grads)
+    assert torch.equal(output, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-6)
+    assert [(tuple(t.shape), t.dtype) for t in saved] == [((2, 5, 12), torch.float32), ((4, 12), torch.float32)] + (
+        [((2, 5, 12), torch.bool)] if dropout else []
+    )
