@@ -126,3 +126,19 @@ def test_xlnet_feed_forward_keeps_only_its_input_and_the_dropout_mask_and_equals
     assert [(tuple(t.shape), t.dtype) for t in saved] == [((2, 5, 12), torch.float32), ((4, 12), torch.float32)] + (
         [((2, 5, 12), torch.bool)] if dropout else []
     )
+
+
+def test_xlnet_feed_forward_under_autocast_gives_autograds_gradients_in_the_parameters_dtype():
+    torch.manual_seed(0)
+    inner, weight, bias = (torch.randn(*shape, requires_grad=True) for shape in [(2, 5, 12), (4, 12), (4,)])
+    row_grads = torch.randn(2, 5, 4)
+    results = []
+    for function in (RecomputedActivation.apply, lambda x, w, b, act, p: F.linear(act(x), w, b)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = function(inner.to(torch.bfloat16), weight, bias, ACT2FN["gelu_new"], 0.0)
+        results.append((output, torch.autograd.grad(output, (inner, weight, bias), row_grads.to(output.dtype))))
+    (output, grads), (expected, expected_grads) = results
+    assert output.dtype == expected.dtype == torch.bfloat16 and torch.equal(output, expected)
+    for grad, expected_grad, parameter in zip(grads, expected_grads, (inner, weight, bias), strict=True):
+        assert grad.dtype == parameter.dtype
+        torch.testing.assert_close(grad, expected_grad, rtol=2e-2, atol=2e-2)
