@@ -5,8 +5,8 @@ from collections.abc import Callable
 from transformers import PreTrainedConfig
 
 
-# Activations the feed-forward may use. "gelu" is the exact erf GELU (what the Hub configs say and what transformers'
-# XLNet computes); "gelu_new" is the tanh approximation of the original TF code (use it for converted TF checkpoints).
+# Feed-forward activations: "gelu" is the exact GELU (the Hub configs, transformers' XLNet), "gelu_new" the original
+# TF code's tanh approximation (converted TF checkpoints).
 FF_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 SUMMARY_TYPES = ("last", "first", "mean", "cls_index")
 SUMMARY_ACTIVATIONS = (None, "tanh", "relu", "gelu", "gelu_new", "silu", "linear")
@@ -62,8 +62,7 @@ class XLNetConfig(PreTrainedConfig):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     tie_word_embeddings: bool = True
-    # The text-generation pipeline prepends a fixed "XL prefix" paragraph to XLNet prompts unless the config has a
-    # `prefix`: ours is empty by default, so that paragraph is opt-in (`pipeline(..., prefix=...)`).
+    # (the text-generation pipeline's fixed "XL prefix" paragraph is opt-in: `pipeline(..., prefix=...)`)
     prefix: str = ""
 
     def __post_init__(self, **kwargs):

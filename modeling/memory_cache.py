@@ -240,10 +240,9 @@ class MemoryCache(Cache):
         layer = self.layers[layer_idx]
         keys, values = (None if tensor is None else tensor.detach() for tensor in (keys, values))
         keep = self.mem_len is not None and not self.record_past
-        if keep and keys is None and new_hidden.shape[1] >= self.mem_len:  # the segment fills it: a view, no copy
-            layer.sequences, layer.hidden = {}, new_hidden[:, new_hidden.shape[1] - self.mem_len :].detach()
-        else:
-            layer.append(new_hidden.detach(), keys, values)
+        if keep and keys is None and not torch.compiler.is_compiling() and new_hidden.shape[1] >= self.mem_len:
+            layer.sequences = {}  # (the segment fills the memory: kept as a view of it, not copied)
+        layer.append(new_hidden.detach(), keys, values)
         if keep:
             layer.keep_last(self.mem_len)
         if layer_idx == 0:

@@ -617,20 +617,20 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- memory: the one place that reads and writes `mems` -----
 
     def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
-        """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table."""
+        """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table
+        (made from `position_embeddings`, shared by the layers, where they cover it)."""
         attention = self.layer[layer_idx].rel_attn
         if cache is None:
             return attention.project_positions(position_embeddings)
         lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
+
+        def encodings(n):  # (distances lowest + n - 1 ... lowest)
+            if n == position_embeddings.shape[-2]:
+                return position_embeddings
+            return self._relative_position_embeddings(lowest + n - 1, lowest, position_embeddings.device)
+
         span = key_length - lowest + 1
-        return cache.position_keys(
-            layer_idx,
-            span,
-            lowest,
-            lambda n: attention.project_positions(
-                self._relative_position_embeddings(lowest + n - 1, lowest, attention.r_r_bias.device)
-            ),
-        )
+        return cache.position_keys(layer_idx, span, lowest, lambda n: attention.project_positions(encodings(n)))
 
     # ----- encodings and masks -----
 
@@ -769,7 +769,7 @@ class XLNetModel(XLNetPreTrainedModel):
             key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
             segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
         position_embeddings = None
-        if not reuse_projections:
+        if not stepping:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
             position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
 
