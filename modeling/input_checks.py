@@ -11,13 +11,9 @@ def check_all(model: str, argument: str, valid: torch.Tensor, values: torch.Tens
     """Fail unless the boolean tensor `valid` is all True, without a host sync; where the assertion fails at once (CPU,
     eager), a ValueError names the range of the invalid `values`. `expected` must not print a traced size (a sequence
     length): the graph would be specialised to it, one recompilation per length."""
-    message = f"{model}: `{argument}` has values out of range; expected {expected}."
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        torch._assert_async(valid.all(), message)
-        return
     try:
-        torch._assert_async(valid.all(), message)
-    except RuntimeError:
+        torch._assert_async(valid.all(), f"{model}: `{argument}` has values out of range; expected {expected}.")
+    except RuntimeError:  # (raised at once: CPU, eager; not in a graph, where the assertion is a node)
         invalid = values[~valid]
         lowest, highest = (value.item() for value in torch.aminmax(invalid))
         raise ValueError(

@@ -133,8 +133,7 @@ class XLNetRelativeAttention(nn.Module):
 
     def use_linear_layers(self):
         """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same
-        products, so that tools that quantize `nn.Linear` layers reach them (quantization.py). For deployment, not for
-        saving: the state dict's names become `q.weight` ..."""
+        products, for quantization tools (quantization.py); not for saving: the names become `q.weight` ..."""
         for name in ("q", "k", "v", "r", "o"):
             weight = getattr(self, name).detach().flatten(1)
             weight = weight if name == "o" else weight.t()
@@ -389,7 +388,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         return outputs[:, :length], outputs[:, length:], probs, key_values
 
 
-# ----- Head building blocks (names as in transformers, so head weights load too) -----
+# ----- Head building blocks (transformers' names, so head weights load) -----
 
 
 def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.Tensor:
@@ -618,16 +617,17 @@ class XLNetModel(XLNetPreTrainedModel):
 
     def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
         """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table
-        (made from `position_embeddings`, shared by the layers, where they cover it)."""
+        (`position_embeddings`: the encodings made for it in this forward, a list)."""
         attention = self.layer[layer_idx].rel_attn
         if cache is None:
             return attention.project_positions(position_embeddings)
         lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
 
         def encodings(n):  # (distances lowest + n - 1 ... lowest)
-            if n == position_embeddings.shape[-2]:
-                return position_embeddings
-            return self._relative_position_embeddings(lowest + n - 1, lowest, position_embeddings.device)
+            if not position_embeddings or position_embeddings[-1].shape[-2] != n:
+                device = attention.r_r_bias.device
+                position_embeddings.append(self._relative_position_embeddings(lowest + n - 1, lowest, device))
+            return position_embeddings[-1]
 
         span = key_length - lowest + 1
         return cache.position_keys(layer_idx, span, lowest, lambda n: attention.project_positions(encodings(n)))
@@ -768,8 +768,8 @@ class XLNetModel(XLNetPreTrainedModel):
             # positions count as segment 0, as in the original code.
             key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
             segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
-        position_embeddings = None
-        if not stepping:
+        position_embeddings = []  # (filled by `_position_keys` when reused)
+        if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
             position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
 
@@ -1001,7 +1001,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
         if use_mems and isinstance(cache, StaticMemoryCache) and cache.ring:  # (its step rewrites the newest position)
-            # (a copy with its own strides: a view's would change with the length, and the compiled step with them)
+            # (a copy: a view's strides would change with the length, and recompile the step)
             input_ids = input_ids[:, -self.generation_offset :].clone(memory_format=torch.contiguous_format)
         elif use_mems:
             reuse_len, mem_len = self.config.reuse_len, self.config.mem_len
