@@ -716,7 +716,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         if input_ids is not None:
             inputs_embeds = self.word_emb(input_ids)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
-        position_embedding = None  # (projected once per forward for every layer, or read from the cache's table)
+        position_embedding = []  # (projected once per forward for every layer, or read from the cache's table)
         lowest = None  # (the lowest distance of the position encodings; a static cache's step has its own table)
         if slot_distances is None:
             lowest = 0 if config.attn_type == 2 else self._lowest_distance(query_length, key_length)
@@ -840,7 +840,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
     def _position_keys(self, layer_idx, key_length, lowest, position_embedding, cache):
         """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... `lowest` (attn_type 0 only).
 
-        With a cache whose projections are reusable, they come from its stored table: a step slices, not projects.
+        With a cache whose projections are reusable, they come from its stored table: a step slices, not projects
+        (`position_embedding` is then a list of the encodings made for it in this forward, shared by the layers).
         """
         if self.config.attn_type != 0:
             return None
@@ -849,11 +850,14 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             return attention.project_positions(position_embedding)
         # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
         dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
+
+        def encodings(span):  # (distances lowest + span - 1 ... lowest)
+            if not position_embedding or position_embedding[-1].shape[0] != span:
+                position_embedding.append(self._position_embedding(lowest + span - 1, lowest, dtype, device))
+            return position_embedding[-1]
+
         return cache.position_keys(
-            layer_idx,
-            key_length - lowest,
-            lowest,
-            lambda span: attention.project_positions(self._position_embedding(lowest + span - 1, lowest, dtype, device)),
+            layer_idx, key_length - lowest, lowest, lambda span: attention.project_positions(encodings(span))
         )
 
 
