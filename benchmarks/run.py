@@ -8,10 +8,11 @@
 References: transformers 5's XLNet under this python; transformers 4.37.2's Transformer-XL, which cannot share a
 process with transformers 5, under the legacy venv's python (`--legacy-python`, or $TRANSFORMERS_XL_LEGACY_PYTHON;
 docs/benchmarks.md says how to make that venv). Without it the legacy side is reported as not measured. Every
-timed side runs in a worker process of its own (its own heap: see `measure_throughput`). Every implementation
-loads the same folder (config.json + pytorch_model.bin written from our randomly initialised model) and the same
-inputs (the second segment, and the memory our model left after the first segment, saved beside it), so the
-reference's logits are checked against ours first (max |diff|).
+timed side runs in a worker process of its own (its own heap: see `measure_throughput`; with --quick, a smoke test
+where a worker's start, ~4 s, is most of a tiny side's time, a case's bf16 sides share one, as do its deploy sides).
+Every implementation loads the same folder (config.json + pytorch_model.bin written from our randomly initialised
+model) and the same inputs (the second segment, and the memory our model left after the first segment, saved beside
+it), so the reference's logits are checked against ours first (max |diff|).
 
 Every side runs on `--device` (cpu, the default, or cuda; `devices.py` waits for the device around each timed call
 and measures peak memory there) with `--attn-implementation` (default sdpa) where its model supports it, else eager
@@ -162,9 +163,10 @@ def pretrained_decode_cases(quick: bool) -> list[Case]:
     """Decoding alone at the shapes of transfo-xl-wt103 and xlnet-base-cased, all their layers (random weights):
     a step there reads far more weight bytes than its fixed work per step costs, as a deployed model's does
     (transfo-xl-wt103: 285M parameters, 1.1 GB a token in fp32; the issue configuration's 37M read 140 MB), so the
-    bf16 and int8 ratios show what fewer bytes buy. The tiny configurations with --quick."""
+    bf16 and int8 ratios show what fewer bytes buy. None with --quick: the tiny deploy cases stand for them (their
+    workers decode again for these rows, `measure_deploy`)."""
     if quick:
-        return deploy_cases(quick)
+        return []
     shapes = {"transfo-xl": hub_shape("transfo-xl-wt103", dropatt=0.0), "xlnet": hub_shape("xlnet-base-cased")}
     return [Case(f"{name} shape", model, dict(shapes[model], mem_len=128), batch=1, length=16)
             for name, model in (("transfo-xl-wt103", "transfo-xl"), ("xlnet-base-cased", "xlnet"))]  # fmt: skip
@@ -589,13 +591,14 @@ def measure_memory(run: Run, case: Case, folder: Path):
 
 
 def measure_variants(run: Run, case: Case, folder: Path, variant: str):
-    """Ours in bf16 autocast or compiled against ours in fp32 eager, alternating, in a worker of its own (a compiler
-    crash cannot end the run)."""
+    """Ours in bf16 autocast or compiled against ours in fp32 eager, alternating, each workload in a worker of its own
+    (a compiler crash cannot end the run; with --quick both in one)."""
     model = MODEL_NAMES[case.model]
     labels = {"eval": "evaluation", "train": "training forward + backward"}
+    shared = run.worker(folder, "ours") if run.args.quick else None
     for workload, label in labels.items():
         sides, compile_seconds = {}, None
-        session = run.worker(folder, "ours")
+        session = shared or run.worker(folder, "ours")
         eager, other = ({"op": "time", "workload": workload, "variant": v} for v in ("eager", variant))
         try:
             if variant == "compiled":  # the first call compiles
@@ -607,10 +610,13 @@ def measure_variants(run: Run, case: Case, folder: Path, variant: str):
             )
         except WorkerError as error:
             sides = {variant: f"{error}".splitlines()[0][:300], "fp32 eager": None}
-        session.close()
+        if session is not shared:
+            session.close()
         run.add(variant, case.name, model, label, "s", sides, tokens=case.batch * case.length,
                 first_call_seconds=compile_seconds)  # fmt: skip
         print_row(run.rows[-1])
+    if shared is not None:
+        shared.close()
 
 
 def measure_generation(run: Run):
@@ -658,7 +664,7 @@ def measure_static_decoding(run: Run):
 
     if not run.gemv_bandwidth:
         measure_peak(run, "for the floor")
-    cases = deploy_cases(run.args.quick) + ([] if run.args.quick else pretrained_decode_cases(False))
+    cases = deploy_cases(run.args.quick) + pretrained_decode_cases(run.args.quick)
     dtypes = [torch.float32] if run.args.quick else [torch.float32, torch.bfloat16]
     prompt, new_tokens = (8, 4) if run.args.quick else (64, 12)
     for case in cases:
@@ -688,26 +694,30 @@ def generation_setup(run: Run):
     return txl, bench_generation.XLNET_CONFIG, [64, 1024], 12
 
 
-def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
+def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True, pretrained_shape: bool = False):
     """Our eager forward against ONNX Runtime running the exported graph, torch.compile, int8 (every linear layer,
     `quantize_dynamic_int8`) and bf16 weights, on one segment after the memory (`deploy_cases`), each side in a
-    worker of its own, alternating; each side's log-probabilities checked against eager's first (max |diff|, which
-    also makes the variant: export, compilation, quantization). Then greedy decoding per token, eager against int8
-    and bf16 weights (alone, without `segment`: `pretrained_decode_cases`)."""
+    worker of its own (with --quick, a smoke test, all in one: a worker's start is most of a tiny side's time),
+    alternating; each side's log-probabilities checked against eager's first (max |diff|, which also makes the
+    variant: export, compilation, quantization). Then greedy decoding per token, eager against int8 and bf16
+    weights: after the segment, and as the row of a pretrained shape (`pretrained_shape`: alone, without `segment`,
+    at `pretrained_decode_cases`; with --quick the tiny case stands for them, in the same workers)."""
     model, sides = MODEL_NAMES[case.model], {}
     workers, differences = {}, {}
     left_out = unmeasured_deploy_sides(run.args)
+    shared = run.worker(folder, "ours") if run.args.quick else None
     for side in DEPLOY_SIDES if segment else DECODE_SIDES:
         if side in left_out:
             continue
-        worker = run.worker(folder, "ours")
+        worker = shared or run.worker(folder, "ours")
         try:
             if side != "eager":
                 differences[side] = worker.ask({"op": "deploy_logits", "variant": side})["max_abs_diff"]
             workers[side] = worker
         except WorkerError as error:
             sides[side] = f"{error}".splitlines()[0][:300]
-            worker.close()
+            if worker is not shared:
+                worker.close()
     print(f"{case.name} {model}: max |log-probability diff| against eager: "
           + ", ".join(f"{side} {diff:.2e}" for side, diff in differences.items()))  # fmt: skip
 
@@ -730,13 +740,17 @@ def measure_deploy(run: Run, case: Case, folder: Path, segment: bool = True):
     new_tokens = 4 if run.args.quick else 16
     decoding = {side: (side, {"op": "decode", "variant": side, "new_tokens": new_tokens}) for side in workers
                 if side in DECODE_SIDES}  # fmt: skip
-    values = {**sides, **timed(decoding, DECODE_ROUNDS * run.args.rounds)}
-    workload = "greedy decoding, prompt 64, batch 1" if segment else PRETRAINED_DECODE
-    run.add("deploy", case.name, model, workload, "s/token", {side: values.get(side) for side in DECODE_SIDES},
-            max_abs_logit_diff=None if segment else differences)  # fmt: skip
-    print_row(run.rows[-1])
-    for worker in workers.values():
-        worker.close()
+    rows = [("greedy decoding, prompt 64, batch 1", None)] if segment else []
+    if pretrained_shape:  # (its variants' differences: the decoding sides')
+        rows.append((PRETRAINED_DECODE, {side: diff for side, diff in differences.items() if side in DECODE_SIDES}))
+    for workload, row_differences in rows:
+        values = {**sides, **timed(decoding, DECODE_ROUNDS * run.args.rounds)}
+        run.add("deploy", case.name, model, workload, "s/token", {side: values.get(side) for side in DECODE_SIDES},
+                max_abs_logit_diff=row_differences)  # fmt: skip
+        print_row(run.rows[-1])
+    for worker in [*workers.values(), shared]:
+        if worker is not None:
+            worker.close()
 
 
 def unmeasured_deploy_sides(args) -> dict[str, str]:
@@ -1022,11 +1036,11 @@ def measure(run: Run, workloads: list[str]):
         for index, case in enumerate(deploy_cases(args.quick)):
             folder = run.workdir / f"deploy-{index}-{case.model}"
             write_case_folder(case, folder)
-            measure_deploy(run, case, folder)
+            measure_deploy(run, case, folder, pretrained_shape=args.quick)  # (--quick: see pretrained_decode_cases)
         for index, case in enumerate(pretrained_decode_cases(args.quick)):
             folder = run.workdir / f"decode-{index}-{case.model}"
             write_case_folder(case, folder)
-            measure_deploy(run, case, folder, segment=False)
+            measure_deploy(run, case, folder, segment=False, pretrained_shape=True)
             shutil.rmtree(folder)  # (up to 1.1 GB of weights)
     if "generation" in workloads:
         measure_generation(run)

@@ -69,20 +69,24 @@ SECTIONS = {"peak": [], "generation": ["generation", "floor"]}
 
 
 def run_quick(tmp_path, legacy_python, workloads=()):
+    """The command's results and tables, on one thread (as the test processes, tests/conftest.py: beside the other
+    test process on 2 cores, the default 2 threads made these runs 1.6x slower)."""
     env = {key: value for key, value in os.environ.items() if key != LEGACY_ENV}
     if legacy_python:
         env[LEGACY_ENV] = legacy_python
     output = tmp_path / "results"
     chosen = ["--workloads", *workloads] if workloads else []
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--device", "cpu", *chosen, "--output",
-         str(output)],  # fmt: skip
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--device", "cpu", "--threads", "1", *chosen,
+         "--output", str(output)],  # fmt: skip
         check=True,
         env=env,
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
     )
-    return json.loads((output / "results.json").read_text()), (output / "results.md").read_text()
+    results = json.loads((output / "results.json").read_text())
+    assert results["threads"] == 1
+    return results, (output / "results.md").read_text()
 
 
 def check(results, table, legacy_measured, workloads=()):
@@ -210,6 +214,52 @@ def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measure
         bench.worker(tmp_path, "legacy", "python", env=run.MALLOC_ENV)
     assert started == [None, run.MALLOC_ENV, run.KEEP_FREED_MEMORY_ENV, run.MALLOC_ENV]
     assert run.KEEP_FREED_MEMORY_ENV["MALLOC_MMAP_MAX_"] == "0"
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_deploy_and_bf16_sides_each_start_a_worker_but_share_one_with_quick(monkeypatch, tmp_path, quick):
+    """The full run times each deploy side, and each bf16 workload, in a worker of its own; --quick (a smoke test)
+    asks one worker per case for all, and adds the pretrained-shape decoding row from it (the tiny case stands for
+    those shapes). Every worker is closed. (Recording workers that answer at once: no processes.)"""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import argparse
+
+    import run
+
+    class Recording:
+        def __init__(self, *args, env=None):
+            self.variants, self.closed = [], False
+            started.append(self)
+
+        def ask(self, request):
+            self.variants.append(request.get("variant"))
+            return {"max_abs_diff": 0.0, "seconds": 1e-3}
+
+        def close(self):
+            self.closed = True
+
+    started = []
+    monkeypatch.setattr(run, "Worker", Recording)
+    monkeypatch.setattr(run, "DEPLOY_PAUSE", 0.0)
+    args = argparse.Namespace(threads=1, keep_freed_memory=False, device="cpu", attn_implementation="sdpa",
+                              quick=quick, rounds=1, warmup=0)  # fmt: skip
+    bench = run.Run(args, tmp_path)
+    case = run.deploy_cases(quick)[0]
+    run.measure_deploy(bench, case, tmp_path, pretrained_shape=quick)
+    sides = [side for side in run.DEPLOY_SIDES if side not in run.unmeasured_deploy_sides(args)]
+    if quick:
+        assert len(started) == 1 and set(started[0].variants) == set(sides)
+    else:  # (each worker asked only about its own side)
+        assert [set(worker.variants) for worker in started] == [{side} for side in sides]
+    assert all(worker.closed for worker in started)
+    workloads = [row["workload"] for row in bench.rows]
+    decoding = ["greedy decoding, prompt 64, batch 1"] + ([run.PRETRAINED_DECODE] if quick else [])
+    assert workloads[0].startswith("segment") and workloads[1:] == decoding
+    if quick:  # (the pretrained row's differences: its decoding variants')
+        assert bench.rows[-1]["max_abs_logit_diff"].keys() == set(run.DECODE_SIDES) & set(sides) - {"eager"}
+    started.clear()
+    run.measure_variants(bench, case, tmp_path, "bf16")
+    assert len(started) == (1 if quick else 2) and all(worker.closed for worker in started)
 
 
 def test_streamed_weight_bytes_counts_each_weight_a_decoding_step_reads_once(monkeypatch):

@@ -112,6 +112,13 @@ def test_readme_block_runs(page, line, code, placeholders, tmp_path):
     assert result.returncode == 0, f"{page} line {line}:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
 
 
+def test_the_blocks_run_on_the_test_process_thread_count():
+    """Each block's interpreter inherits OMP_NUM_THREADS (tests/conftest.py: one thread unless the variable says
+    otherwise), not torch's default of one thread per core, which on a machine busy with the other test processes
+    made a training block 4-5x slower."""
+    assert os.environ.get("OMP_NUM_THREADS") == str(torch.get_num_threads())
+
+
 LINK = re.compile(r"\]\((?P<target>[^)\s#]+\.(?:md|png))(?:#(?P<anchor>[^)\s]+))?\)")
 
 
