@@ -149,7 +149,7 @@ class XLNetRelativeAttention(nn.Module):
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
         """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d]
         (forward, backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
-        keys = _project(position_embeddings.to(self.r_r_bias.dtype), self.r)
+        keys = _project(position_embeddings.to(self.r_r_bias), self.r)  # (the layer's dtype and device)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
