@@ -129,6 +129,17 @@ def test_add_eos_and_add_double_eos_match_legacy(tokenizer, flag):
     assert tokenizer(lines[0])["input_ids"] == marked(lines[0], add_special_tokens=False)["input_ids"]
 
 
+def test_add_eos_ends_lines_not_texts(tokenizer):
+    """<eos> is the line break: a text of several lines encodes as its lines one after the other; a text without a
+    final line break (a prompt) is not ended; offsets, which the line ends would shift, are refused for them."""
+    marked = AutoTokenizer.from_pretrained(FIXTURES / "legacy", add_eos=True)
+    ids = [marked(line + "\n")["input_ids"] for line in LINES[:3]]
+    assert marked("\n".join(LINES[:3]) + "\n")["input_ids"] == ids[0] + ids[1] + ids[2]
+    assert marked(LINES[0])["input_ids"] == tokenizer(LINES[0])["input_ids"] == ids[0][:-1]
+    with pytest.raises(ValueError, match="no offsets for a text whose line breaks `add_eos` turns into <eos>"):
+        marked("two\nlines", return_offsets_mapping=True)
+
+
 def test_special_tokens_are_never_split(tokenizer):
     ids = tokenizer("a<eos>b <unk> <UNK>")["input_ids"]
     words = tokenizer.convert_ids_to_tokens(ids)
