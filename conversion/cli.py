@@ -30,13 +30,20 @@ def read_source(args):
 
 
 def command_line(args) -> str:
-    """The command as the model card records it (from the parsed options, so it is the same however it was run)."""
-    words = ["transformers-xl", "convert", args.source, args.output, "--from", args.source_format]
-    for option in ("config", "corpus_info", "task", "vocab", "max_shard_size"):
+    """The command as the model card records it (from the parsed options, so it is the same however it was run),
+    each path by its file name only: a published card shows no local folders."""
+    words = ["transformers-xl", "convert", _name(args.source), _name(args.output), "--from", args.source_format]
+    for option in ("config", "corpus_info", "task", "vocab", "max_shard_size", "license"):
         value = getattr(args, option)
         if value is not None and not (option == "max_shard_size" and value == DEFAULT_MAX_SHARD_SIZE):
-            words += ["--" + option.replace("_", "-"), str(value)]
+            value = _name(value) if option in ("config", "corpus_info", "vocab") else str(value)
+            words += ["--" + option.replace("_", "-"), value]
     return shlex.join(words + ["--no-tokenizer"] * args.no_tokenizer)
+
+
+def _name(path: str) -> str:
+    """A path's last part ("ckpt/model.pt" -> "model.pt"; a released config's name stays as it is)."""
+    return Path(path).name or str(path)
 
 
 def run(args) -> int:
@@ -63,6 +70,7 @@ def _convert_and_push(args, output: Path) -> int:
         write_folder(
             converted, output, force=args.force, vocab=args.vocab, with_tokenizer=not args.no_tokenizer,
             command=command_line(args), max_shard_size=args.max_shard_size, tolerance=args.tolerance,
+            license=args.license,
         )  # fmt: skip
     except (ValueError, TypeError, FileExistsError, FileNotFoundError, OutputError) as error:
         log(f"error: {error}")

@@ -24,6 +24,8 @@ class ConvertedCheckpoint:
     """What `compare_with_source` runs, in words, for the verification line and the model card."""
     tokenizer_files: dict[str, str] = field(default_factory=dict)
     """Vocabulary files found beside the source, by kind ("vocab.pkl", "vocab.txt", "spiece.model", ...)."""
+    license: str | None = None
+    """The source's license where it says one (the `license` of its folder's model card), for the model card."""
 
 
 def does_not_fit(what: str, model_class: type, problems: list[str], shown: int = 25) -> ValueError:

@@ -11,6 +11,8 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import yaml
+from huggingface_hub.repocard import metadata_load
 from safetensors import SafetensorError, safe_open
 
 from ..modeling import modeling_transfo_xl, modeling_xlnet
@@ -88,7 +90,20 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
         compare_with_source=partial(max_difference, model),
         compared_with=compared_with,
         tokenizer_files={kind: str(folder / kind) for kind in VOCABULARY_FILES if (folder / kind).is_file()},
+        license=card_license(folder / "README.md"),
     )
+
+
+def card_license(card: Path) -> str | None:
+    """The `license` of a model card's metadata (a Hub folder's README.md), or None without one."""
+    if not card.is_file():
+        return None
+    try:
+        metadata = metadata_load(card) or {}
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError):  # a README without valid metadata says nothing
+        return None
+    license = metadata.get("license")
+    return license if isinstance(license, str) and license.strip() else None
 
 
 def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:

@@ -198,12 +198,31 @@ def save_tokenizer(tokenizer, model_type: str, folder: Path):
 # --- the model card ---------------------------------------------------------------------------------------------
 
 
-def model_card(model: PreTrainedModel, converted: ConvertedCheckpoint, command: str, verification: dict) -> ModelCard:
+# The Hub task of each head, by the end of its class name (the base models' hidden states: feature extraction).
+PIPELINE_TAGS = {
+    "LMHeadModel": "text-generation",
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForMultipleChoice": "multiple-choice",
+    "ForQuestionAnswering": "question-answering",
+    "ForQuestionAnsweringSimple": "question-answering",
+    "Model": "feature-extraction",
+}
+UNKNOWN_LICENSE = "unknown"  # the Hub's identifier for a license not stated; `--license` sets one
+
+
+def pipeline_tag(head: str) -> str:
+    return next(tag for ending, tag in PIPELINE_TAGS.items() if head.endswith(ending))
+
+
+def model_card(model: PreTrainedModel, converted: ConvertedCheckpoint, command: str, verification: dict,
+               license: str) -> ModelCard:  # fmt: skip
     head = type(model).__name__
     data = ModelCardData(
         library_name="transformers",
+        license=license,
         tags=["transformers-xl", model.config.model_type, "custom_code"],
-        pipeline_tag="text-generation" if head.endswith("LMHeadModel") else None,
+        pipeline_tag=pipeline_tag(head),
         converted_from=converted.source,
         conversion_command=command,
         verification=verification,
@@ -249,9 +268,11 @@ def write_folder(
     command: str = "(Python API)",
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
     tolerance: float = DEFAULT_TOLERANCE,
+    license: str | None = None,
 ) -> float:
     """Write `converted` as a Hub folder at `output` (atomically, see `publish`) and return the verified max
-    difference. `vocab` replaces the vocabulary found beside the source; `with_tokenizer=False` writes none."""
+    difference. `vocab` replaces the vocabulary found beside the source; `with_tokenizer=False` writes none.
+    `license` (a Hub license identifier) replaces the source's; without either the card says "unknown"."""
     output = Path(output).absolute()
     files = dict(converted.tokenizer_files)
     if vocab is not None:
@@ -266,6 +287,9 @@ def write_folder(
         raise ValueError(
             f"The vocabulary has {len(tokenizer)} tokens, more than the model's {converted.config.vocab_size}."
         )
+    license = license or converted.license
+    if license is None:
+        log(f"license: {UNKNOWN_LICENSE} (the source states none; --license ID sets the model card's)")
     end = getattr(tokenizer, "eos_token_id", None)
     if end is not None and end != converted.config.eos_token_id:  # generation stops at the vocabulary's end token
         log(f"eos_token_id {end} ({tokenizer.eos_token}) from the vocabulary (not {converted.config.eos_token_id})")
@@ -298,7 +322,7 @@ def write_folder(
                 f"(tolerance {tolerance:g})."
             )
         verification = {"method": method, "max_abs_diff": float(difference), "tolerance": tolerance, "passed": True}
-        model_card(model, converted, command, verification).save(staging / "README.md")
+        model_card(model, converted, command, verification, license or UNKNOWN_LICENSE).save(staging / "README.md")
         staged.publish()
     log(f"wrote {output}")
     return difference

@@ -451,4 +451,4 @@ def test_from_corpus_on_raw_text_knows_every_word_of_its_corpus():
     assert unknowns / total > 0.1
     lowered = TransfoXLTokenizer.from_corpus(corpus, lower_case=True, add_eos=True)
     assert all(not re.search("[A-Z]", word) for word in lowered.get_vocab() if not word.startswith("<"))
-    assert lowered("Hello, World")["input_ids"][-1] == lowered.eos_token_id
+    assert lowered("Hello, World\n")["input_ids"][-1] == lowered.eos_token_id

@@ -220,7 +220,8 @@ def test_damaged_or_meaningless_input_is_refused_before_a_result(tmp_path, capsy
     nan_model.save_pretrained(tmp_path / "nan")
     specials = variant("specials", lambda f: TransfoXLTokenizer(vocab=["<eos>", "<unk>"]).save_pretrained(f))
     cases = [
-        ((damaged, "test.txt"), f"{damaged}: cannot load the model and its tokenizer ("),
+        ((damaged, "test.txt"), f"{damaged / 'model.safetensors'}: damaged weights (Error while deserializing header: "
+         "invalid header length); expected a complete safetensors file."),
         ((tmp_path / "nan", "test.txt"), "holds non-finite values (NaN or infinity)."),
         ((tmp_path / "missing", "test.txt"), f"{tmp_path / 'missing'}: no such folder."),
         ((tmp_path, "test.txt"), f"{tmp_path}: no config.json in this folder; expected a model folder."),

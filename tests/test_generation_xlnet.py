@@ -7,6 +7,7 @@ import transformers
 import transformers_xl.modeling.modeling_xlnet as ours
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
 from transformers_xl.modeling.memory_cache import MemoryCache
+from greedy_decoding import assert_beam_searches_agree
 from weights import peaked, perturbed
 
 VOCAB = 40
@@ -199,3 +200,60 @@ def test_user_mems_without_use_mems_match_transformers(reuse_len):
     with torch.no_grad():
         mems = model(ids(2, 7, seed=2), use_mems=True).mems
     assert_same_generation(model, reference, ids(2, 4), mems=mems, use_mems=False, max_new_tokens=5, do_sample=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Beam-search hardening (issue 48): mem_len x reuse_len x bi_data x use_mems x beams x batch, up to exact ties
+# ---------------------------------------------------------------------------------------------------------------
+
+HARDENING = dict(vocab_size=50, d_model=32, n_head=4, d_inner=64, n_layer=3, dropout=0.0, pad_token_id=5)
+
+
+def hardening_pair(**overrides):
+    """transformers' XLNetLMHeadModel and ours, HARDENING + `overrides`, with the same perturbed weights."""
+    torch.manual_seed(0)
+    reference = perturbed(transformers.XLNetLMHeadModel(transformers.XLNetConfig(**HARDENING, **overrides)).eval())
+    model = ours.XLNetLMHeadModel(XLNetConfig(**HARDENING, **overrides)).eval()
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+def test_issue_48_beams_tied_in_exact_arithmetic():
+    """The reported case: from the 14th token ours kept `30 30 30 26 30 ...`, transformers `30 30 26 30 30 ...`.
+    With mem_len 2 a step sees its last two tokens only, so both are the same transitions in another order: one
+    score (-0.76269 each). Three beams in the same state got bitwise equal scores in transformers, and scores 1 ulp
+    apart in ours (this CPU's GEMM rounds the last rows of a product differently), so a different one was kept."""
+    reference, model = hardening_pair(mem_len=2, reuse_len=9, bi_data=False)
+    prompt = torch.randint(6, 50, (1, 6), generator=torch.Generator().manual_seed(3))
+    settings = dict(num_beams=3, use_mems=True, pad_token_id=5)
+    assert_beam_searches_agree(model, reference, prompt, 12, atol=1e-4, **settings)
+
+
+@pytest.mark.parametrize(
+    "mem_len, reuse_len, bi_data, use_mems, num_beams, batch",
+    [
+        (2, 9, False, True, 3, 1),
+        (2, 9, False, False, 3, 2),
+        (None, None, False, True, 2, 2),
+        (1, None, False, True, 4, 1),
+        (2, 3, True, True, 2, 1),
+        (6, 9, True, False, 3, 2),
+        (6, 2, False, True, 3, 2),
+        (16, None, True, True, 2, 2),
+    ],
+)
+def test_beam_hardening_matches_transformers_up_to_ties(mem_len, reuse_len, bi_data, use_mems, num_beams, batch):
+    reference, model = hardening_pair(mem_len=mem_len, reuse_len=reuse_len, bi_data=bi_data)
+    prompt = torch.randint(6, 50, (batch, 6), generator=torch.Generator().manual_seed(3))
+    settings = dict(num_beams=num_beams, num_return_sequences=2, use_mems=use_mems, pad_token_id=5)
+    assert_beam_searches_agree(model, reference, prompt, 10, atol=1e-4, **settings)
+
+
+def test_beam_comparison_fails_on_a_numerical_difference():
+    """The tie check is no blanket: a model off by a little (one layer norm's bias) fails it."""
+    reference, model = hardening_pair(mem_len=2, reuse_len=9, bi_data=False)
+    with torch.no_grad():
+        model.transformer.layer[1].ff.layer_norm.bias.add_(0.05)
+    prompt = torch.randint(6, 50, (1, 6), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(AssertionError):
+        assert_beam_searches_agree(model, reference, prompt, 12, atol=1e-4, num_beams=3, use_mems=True, pad_token_id=5)

@@ -330,12 +330,40 @@ def test_the_command_runs_as_a_module_and_as_a_script():
 
 
 def test_model_card_records_source_command_and_verification(tmp_path, capsys):
-    assert convert(LEGACY / "transfo_xl_lm", tmp_path / "out") == 0
-    assert re.search(r"verification \(.*\): max abs difference [0-9.e+-]+ \(tolerance 0.0001\)", capsys.readouterr().err)
+    """The card names files, never local folders; its license is unknown where the source states none."""
+    source = tmp_path / "sources" / "transfo_xl_lm"
+    shutil.copytree(LEGACY / "transfo_xl_lm", source)
+    assert convert(source, tmp_path / "out", "--vocab", source / "vocab.pkl") == 0
+    err = capsys.readouterr().err
+    assert re.search(r"verification \(.*\): max abs difference [0-9.e+-]+ \(tolerance 0.0001\)", err)
+    assert "license: unknown (the source states none; --license ID sets the model card's)" in err
     card = huggingface_hub.ModelCard.load(tmp_path / "out" / "README.md")
     assert card.data.library_name == "transformers" and "transformers-xl" in card.data.tags
-    assert "transfo_xl_lm" in card.data.converted_from and "--from hf-legacy" in card.data.conversion_command
+    assert "transfo_xl_lm" in card.data.converted_from
+    command = "transformers-xl convert transfo_xl_lm out --from hf-legacy --vocab vocab.pkl"
+    assert card.data.conversion_command == command  # (--vocab: a path option, by its file name too)
+    assert str(tmp_path) not in card.content and card.data.license == "unknown"
+    assert card.data.pipeline_tag == "text-generation"
     assert card.data.verification["passed"] and card.data.verification["max_abs_diff"] <= 1e-4
+
+
+def test_model_card_license_from_the_source_card_or_the_option(tmp_path):
+    source = tmp_path / "xlnet_classifier"
+    shutil.copytree(LEGACY / "xlnet_classifier", source)
+    (source / "README.md").write_text("---\nlicense: mit\nlanguage: en\n---\n\n# A classifier\n")
+    assert convert(source, tmp_path / "out") == 0
+    card = huggingface_hub.ModelCard.load(tmp_path / "out" / "README.md")
+    assert (card.data.license, card.data.pipeline_tag) == ("mit", "text-classification")
+    assert convert(source, tmp_path / "out", "--force", "--license", "apache-2.0") == 0
+    card = huggingface_hub.ModelCard.load(tmp_path / "out" / "README.md")
+    assert card.data.license == "apache-2.0" and card.data.conversion_command.endswith("--license apache-2.0")
+
+
+@pytest.mark.parametrize("class_name", OWN_AUTO_CLASS)
+def test_every_head_has_a_pipeline_tag(class_name):
+    """A task transformers knows: a pipeline's (feature-extraction, ...) or a model card's (multiple-choice)."""
+    tag = hub_export.pipeline_tag(class_name)
+    assert tag in transformers.pipelines.SUPPORTED_TASKS or tag in transformers.modelcard.TASK_TAG_TO_NAME_MAPPING
 
 
 # --- pushing ----------------------------------------------------------------------------------------------------

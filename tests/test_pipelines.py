@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import transformers
 from transformers import TextGenerationPipeline, TextStreamer, XLNetTokenizer, pipeline
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, TransfoXLTokenizer, XLNetConfig, XLNetLMHeadModel
@@ -33,9 +34,11 @@ def xlnet():
     pieces += [(letter, -5.0) for letter in "abcdefghijklmnopqrstuvwxyz"] + [(f"▁{w}", -2.0) for w in WORDS]
     tokenizer = XLNetTokenizer(vocab=pieces)
     torch.manual_seed(0)
-    config = XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_head=4, d_inner=37, n_layer=2, dropout=0.0,
-                         mem_len=16, pad_token_id=5, eos_token_id=None)  # fmt: skip
-    return scramble(XLNetLMHeadModel(config)), tokenizer
+    return scramble(XLNetLMHeadModel(XLNetConfig(vocab_size=len(tokenizer), **TINY_XLNET))), tokenizer
+
+
+TINY_XLNET = dict(d_model=32, n_head=4, d_inner=37, n_layer=2, dropout=0.0, mem_len=16, pad_token_id=5,
+                  eos_token_id=None)
 
 
 def forward_lengths(model):
@@ -86,10 +89,39 @@ def test_text_streamer_prints_what_generate_returns(name, request, capsys):
 
 
 def test_batched_pipeline_pads_on_the_left(transfo_xl):
+    """The tokenizer pads with <eos> (the vocabulary has no padding symbol; the attention mask hides it)."""
     model, tokenizer = transfo_xl
-    tokenizer.pad_token = "<eos>"
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     prompts = [PROMPT, "a dog ran"]
     batched = generator(prompts, batch_size=2, max_new_tokens=4, do_sample=False)
     alone = [generator(p, max_new_tokens=4, do_sample=False)[0] for p in prompts]
     assert [b[0]["generated_text"] for b in batched] == [a["generated_text"] for a in alone]
+
+
+def test_a_tokenizer_that_ends_lines_with_eos_does_not_end_prompts(transfo_xl, tmp_path):
+    """`add_eos` (the README's training tokenizer): each line read from a file ends with <eos>, a pipeline's prompt
+    does not, so the pipeline continues the prompt, as with a tokenizer without `add_eos`, batched or not."""
+    model, tokenizer = transfo_xl
+    ending = TransfoXLTokenizer(vocab=["<eos>", "<unk>"] + WORDS, add_eos=True)
+    (tmp_path / "text.txt").write_text(f"{PROMPT}\na dog ran\n")
+    with open(tmp_path / "text.txt", encoding="utf-8") as lines:
+        assert [row[-1] for row in ending(list(lines))["input_ids"]] == [ending.eos_token_id] * 2
+    settings = dict(max_new_tokens=4, do_sample=False)
+    lengths, hook = forward_lengths(model)
+    out = pipeline("text-generation", model=model, tokenizer=ending)([PROMPT, "a dog ran"], batch_size=2, **settings)
+    hook.remove()
+    assert lengths[0] == len(tokenizer(PROMPT)["input_ids"])  # (the longer prompt, without <eos>)
+    plain = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    assert out == [plain(prompt, **settings) for prompt in (PROMPT, "a dog ran")]
+
+
+def test_batched_xlnet_pipeline_equals_transformers(xlnet):
+    """XLNet's tokenizer pads with <pad> on the left; XLNet generation attends to the padding (transformers' ignores
+    the attention mask, and so does ours), so a batch is compared with transformers' XLNet on the same batch."""
+    model, tokenizer = xlnet
+    reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(vocab_size=len(tokenizer), **TINY_XLNET))
+    reference.load_state_dict(model.state_dict())
+    prompts, settings = [PROMPT, "a dog ran"], dict(batch_size=2, max_new_tokens=4, do_sample=False)
+    reference_pipeline = pipeline("text-generation", model=reference.eval(), tokenizer=tokenizer, prefix="")
+    expected = reference_pipeline(prompts, **settings)  # (prefix: transformers' XLNet gets no "XL prefix" either)
+    assert pipeline("text-generation", model=model, tokenizer=tokenizer)(prompts, **settings) == expected

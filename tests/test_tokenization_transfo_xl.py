@@ -122,9 +122,22 @@ def test_lower_case_matches_legacy():
 def test_add_eos_and_add_double_eos_match_legacy(tokenizer, flag):
     marked = AutoTokenizer.from_pretrained(FIXTURES / "legacy", **{flag: True})
     lines = LINES[: len(EXPECTED[f"{flag}_tokens"])]
+    if flag == "add_eos":  # <eos> is the line break: the lines as read from a file (legacy strips, then ends them)
+        lines = [line + "\n" for line in lines]
     expected = [tokenizer.convert_tokens_to_ids(tokens.split()) for tokens in EXPECTED[f"{flag}_tokens"]]
     assert first_mismatches(marked(lines)["input_ids"], expected) == []
     assert tokenizer(lines[0])["input_ids"] == marked(lines[0], add_special_tokens=False)["input_ids"]
+
+
+def test_add_eos_ends_lines_not_texts(tokenizer):
+    """<eos> is the line break: a text of several lines encodes as its lines one after the other; a text without a
+    final line break (a prompt) is not ended; offsets, which the line ends would shift, are refused for them."""
+    marked = AutoTokenizer.from_pretrained(FIXTURES / "legacy", add_eos=True)
+    ids = [marked(line + "\n")["input_ids"] for line in LINES[:3]]
+    assert marked("\n".join(LINES[:3]) + "\n")["input_ids"] == ids[0] + ids[1] + ids[2]
+    assert marked(LINES[0])["input_ids"] == tokenizer(LINES[0])["input_ids"] == ids[0][:-1]
+    with pytest.raises(ValueError, match="no offsets for a text whose line breaks `add_eos` turns into <eos>"):
+        marked("two\nlines", return_offsets_mapping=True)
 
 
 def test_special_tokens_are_never_split(tokenizer):
@@ -342,7 +355,7 @@ def test_from_corpus_orders_special_then_frequency_with_min_freq_and_max_size(tm
     # two files, an <eos> counted per line: a 8, <eos> 6, b 4, ...; the top 2 after the special symbols
     capped = TransfoXLTokenizer.from_corpus([corpus, corpus], special=["<eos>", "<unk>"], max_size=2, add_eos=True)
     assert capped.convert_ids_to_tokens(range(capped.vocab_size)) == ["<eos>", "<unk>", "a"]
-    assert capped("a b")["input_ids"] == [2, 1, 0]
+    assert capped("a b\n")["input_ids"] == [2, 1, 0] and capped("a b")["input_ids"] == [2, 1]
 
 
 def test_a_corpus_that_is_not_utf8_is_refused_naming_the_file_and_the_byte(tmp_path):

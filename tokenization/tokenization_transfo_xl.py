@@ -35,7 +35,9 @@ class TransfoXLTokenizer(TokenizersBackend):
         pretrained_vocab_file, pretrained_vocab_file_torch, vocab_file (`str`, *optional*): a legacy `vocab.pkl`,
             `vocab.bin` or original-code `vocab.txt`.
         lower_case (`bool`, defaults to `False`): lower-case the text first.
-        add_eos (`bool`, defaults to `False`): end every sequence with `<eos>`, as the legacy `add_eos=True`.
+        add_eos (`bool`, defaults to `False`): every line break becomes `<eos>`, the corpora's line end (as the
+            legacy `add_eos=True` ended each line of a file); a text that does not end with one, a prompt, is not
+            ended (text generation continues the line).
         add_double_eos (`bool`, defaults to `False`): wrap every sequence in `<S>` ... `<S>` (lm1b style).
         never_split (`list[str]`, *optional*): `<word>` tokens kept whole in any letter case (the special tokens by
             default); the special tokens themselves are never split in their exact spelling.
@@ -80,6 +82,7 @@ class TransfoXLTokenizer(TokenizersBackend):
         unk_token, eos_token, additional_special_tokens = _default_special_tokens(
             None if from_4x else vocab, unk_token, eos_token, additional_special_tokens, add_eos, kwargs
         )
+        kwargs.setdefault("pad_token", eos_token)  # (batches pad with it; the attention mask hides it from the model)
         if tokenizer_file is None:
             specials = [unk_token, eos_token, *(additional_special_tokens or kwargs.get("extra_special_tokens", []))]
             protected = [str(t) for t in never_split or specials if t is not None]
@@ -127,7 +130,7 @@ class TransfoXLTokenizer(TokenizersBackend):
     ) -> "TransfoXLTokenizer":
         """A tokenizer whose vocabulary is built from text files as the original `Vocab` builds it: `special` first
         (so `<eos>` is 0, as in wt103), then the most common words seen at least `min_freq` times, at most `max_size`
-        of them. `add_eos` counts an `<eos>` per line and makes the tokenizer end sequences with it.
+        of them. `add_eos` counts an `<eos>` per line and makes the tokenizer end lines with it.
 
         The words are those encoding will look up: each line goes through this tokenizer's own normaliser and
         pre-tokeniser (Moses punctuation and tokenisation, number splitting, `lower_case`), so a file of the corpus
@@ -146,17 +149,31 @@ class TransfoXLTokenizer(TokenizersBackend):
         vocab = build_vocab(symbol_lines, special, min_freq, max_size)
         return cls(vocab=vocab, lower_case=lower_case, add_eos=add_eos, **kwargs)
 
-    def _encode_plus(self, text, text_pair=None, *args, **kwargs):
-        """transformers' encoding; a `str` that is not valid Unicode (a lone surrogate, as `errors="surrogateescape"`
-        leaves for an undecodable byte) is a ValueError saying where, instead of the `tokenizers` library's TypeError
-        about input types. Looked for only once that error came: valid text pays nothing."""
+    def _encode_plus(self, text, text_pair=None, add_special_tokens=True, **kwargs):
+        """transformers' encoding, with `add_eos`'s line ends; a `str` that is not valid Unicode (a lone surrogate,
+        as `errors="surrogateescape"` leaves for an undecodable byte) is a ValueError saying where, instead of the
+        `tokenizers` library's TypeError about input types. Looked for only once that error came."""
+        if self._add_eos and not self._add_double_eos and add_special_tokens and not kwargs.get("is_split_into_words"):
+            text, text_pair = self._end_lines(text, kwargs), self._end_lines(text_pair, kwargs)
         try:
-            return super()._encode_plus(text, text_pair, *args, **kwargs)
+            return super()._encode_plus(text, text_pair, add_special_tokens, **kwargs)
         except TypeError:
             problem = _invalid_unicode(text, "text") or _invalid_unicode(text_pair, "text_pair")
             if problem is None:
                 raise
             raise ValueError(f"{type(self).__name__}: {problem}") from None
+
+    def _end_lines(self, text, kwargs):
+        """`add_eos`: each line break becomes the `<eos>` special token, so lines read from a file end with it and
+        a prompt does not."""
+        if isinstance(text, (list, tuple)):
+            return [self._end_lines(item, kwargs) for item in text]
+        if not isinstance(text, str) or "\n" not in text:
+            return text
+        if kwargs.get("return_offsets_mapping"):
+            raise ValueError(f"{type(self).__name__}: no offsets for a text whose line breaks `add_eos` turns into "
+                             "<eos>; encode it with add_special_tokens=False.")  # fmt: skip
+        return text.replace("\n", f" {self.eos_token} ")
 
     @property
     def lower_case(self) -> bool:
@@ -191,21 +208,16 @@ class TransfoXLTokenizer(TokenizersBackend):
         return (path,)
 
     def update_post_processor(self):
-        """`<S> text <S>` with `add_double_eos`, `text <eos>` with `add_eos`, else the text alone, as legacy."""
-        if self._add_double_eos:
-            marker_id = self._tokenizer.token_to_id("<S>")
-            if marker_id is None:  # the legacy tokenizer encoded a missing `<S>` as unknown
-                marker_id = self._tokenizer.token_to_id(self._tokenizer.model.unk_token)
-            marker = ("<S>", marker_id)
-            single, pair = "<S> $A <S>", "<S> $A <S> <S>:1 $B:1 <S>:1"
-        elif self._add_eos:
-            marker = (str(self.eos_token), self.eos_token_id)
-            single, pair = f"$A {marker[0]}", f"$A {marker[0]} $B:1 {marker[0]}:1"
-        else:
+        """`<S> text <S>` with `add_double_eos`, as legacy, else the text alone (`add_eos` ends lines in
+        `_encode_plus`)."""
+        if not self._add_double_eos:
             self._tokenizer.post_processor = None  # (a "$A" template would cost a tenth of the encoding time)
             return
+        marker_id = self._tokenizer.token_to_id("<S>")
+        if marker_id is None:  # the legacy tokenizer encoded a missing `<S>` as unknown
+            marker_id = self._tokenizer.token_to_id(self._tokenizer.model.unk_token)
         self._tokenizer.post_processor = processors.TemplateProcessing(
-            single=single, pair=pair, special_tokens=[marker]
+            single="<S> $A <S>", pair="<S> $A <S> <S>:1 $B:1 <S>:1", special_tokens=[("<S>", marker_id)]
         )
 
 

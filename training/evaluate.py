@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from ..modeling.memory_cache import MemoryCache
 from .corpus import CorpusError, check_encoded, check_readable, check_vocabulary, encode_file
@@ -154,6 +154,8 @@ def load_model(name):
         raise EvaluationError(f"{name}: no such folder.")
     if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
         raise EvaluationError(f"{name}: no config.json in this folder; expected a model folder.")
+    if Path(name).is_dir():
+        check_weight_files(Path(name))
     try:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as error:
@@ -174,6 +176,19 @@ def load_model(name):
         if weight.is_floating_point() and not torch.isfinite(weight).all():
             raise EvaluationError(f"{name}: the weight {weight_name} holds non-finite values (NaN or infinity).")
     return model.eval(), tokenizer
+
+
+def check_weight_files(folder: Path):
+    """Every safetensors file of a model folder opens (its header parses, its data is all there), so that a
+    truncated file is named: safetensors' own error names neither the file nor the folder."""
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            message = f"{path}: damaged weights ({reason}); expected a complete safetensors file."
+            raise EvaluationError(message) from None
 
 
 def looks_local(name: str) -> bool:

@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--force", action="store_true", help="replace an OUTPUT that transformers-xl wrote")
     parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, help="split weights above this size")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="verification: largest difference")
+    parser.add_argument(
+        "--license", metavar="ID",
+        help="the model card's license, a Hub identifier such as apache-2.0 (default: the source folder's model "
+        "card's, else unknown)",
+    )  # fmt: skip
     hub = parser.add_argument_group("Hub")
     hub.add_argument("--push-to", metavar="ORG/NAME", help="upload OUTPUT to this model repo in one commit")
     add_visibility_arguments(hub)
