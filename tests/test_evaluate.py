@@ -224,7 +224,7 @@ def test_damaged_or_meaningless_input_is_refused_before_a_result(tmp_path, capsy
         ((tmp_path / "nan", "test.txt"), "holds non-finite values (NaN or infinity)."),
         ((tmp_path / "missing", "test.txt"), f"{tmp_path / 'missing'}: no such folder."),
         ((tmp_path, "test.txt"), f"{tmp_path}: no config.json in this folder; expected a model folder."),
-        ((model, "test.txt", "--json", tmp_path), f"--json {tmp_path} is a folder; expected the path of a JSON file"),
+        ((model, "test.txt", "--json", tmp_path), f"--json {tmp_path} is a folder; expected the path of a file to write"),
         ((model, "test.txt", "--device", "cuda"), "--device cuda: no cuda device on this machine"),
         ((model, "blank.txt"), "blank.txt: no symbols in it (only blank lines or whitespace)"),
         ((specials, "test.txt"), "the tokenizer's vocabulary holds only special symbols"),
