@@ -1,7 +1,8 @@
 """Evaluate a Transformer-XL language model on text files with the paper's protocol (the original `eval.py`).
 
     transformers-xl evaluate MODEL TEXT_FILE [TEXT_FILE ...] [--batch-size 10] [--tgt-len L]
-                             [--mem-len M | --memory-lengths M1,M2,...] [--clamp-len C] [--same-length | --no-same-length] [--line-end eos|double-eos|none]
+                             [--mem-len M | --memory-lengths M1,M2,...] [--clamp-len C]
+                             [--same-length | --no-same-length] [--line-end eos|double-eos|none]
                              [--bf16] [--device DEVICE] [--json PATH] [--allow-unknown]
 
 MODEL is a folder (converted, transformers 4.x, or saved by this package) or a Hub id; its tokenizer's vocabulary
