@@ -3,7 +3,6 @@ with and without the plugin, and gives the trained model's outputs); the data sp
 fairness of the speed comparison, and clear errors for bad options."""
 
 import json
-import logging
 import math
 import os
 import subprocess
@@ -18,30 +17,16 @@ from transformers_xl.cli import main
 from transformers_xl.training import demo
 
 
-class Recorded(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    """The quick run's output folder and metrics, and the warnings `MemoryTrainer` logged during it."""
+    """The quick run's output folder and metrics."""
     output = tmp_path_factory.mktemp("demo") / "out"
-    trainer_logger, recorded = logging.getLogger(transformers_xl.training.MemoryTrainer.__module__), Recorded()
-    trainer_logger.addHandler(recorded)
-    try:
-        assert main(["demo", "--quick", "--output-dir", str(output), "--seed", "3"]) == 0
-    finally:
-        trainer_logger.removeHandler(recorded)
-    return output, json.loads((output / "metrics.json").read_text()), recorded.messages
+    assert main(["demo", "--quick", "--output-dir", str(output), "--seed", "3"]) == 0
+    return output, json.loads((output / "metrics.json").read_text())
 
 
 def test_quick_run_writes_finite_metrics_and_its_settings(quick_run):
-    _, metrics, _ = quick_run
+    _, metrics = quick_run
     for key in ("bpc_with_memory", "bpc_without_memory", "eval_speedup", "eval_seconds_per_char_memory",
                 "eval_seconds_per_char_window", "speed_bpc_memory", "speed_bpc_window", "final_training_bpc",
                 "train_time_s", "wall_time_s"):  # fmt: skip
@@ -59,15 +44,25 @@ def test_quick_run_writes_finite_metrics_and_its_settings(quick_run):
     assert metrics["sample"].startswith(demo.SAMPLE_PROMPT) and len(metrics["sample"]) > len(demo.SAMPLE_PROMPT)
 
 
-def test_the_evaluation_without_memory_does_not_warn_that_there_is_no_memory(quick_run):
-    """MemoryTrainer warns when a model returns no memory to carry; the demo's mem_len 0 evaluation asks for that."""
-    _, _, warnings = quick_run
-    assert not [message for message in warnings if "no `mems`" in message]
-    assert logging.getLogger(transformers_xl.training.MemoryTrainer.__module__).level == logging.NOTSET  # restored
+def test_the_held_out_curve_spans_no_memory_to_four_times_the_trained_memory(quick_run, tmp_path):
+    """`evaluate --memory-lengths`'s evaluation at 0, 1/4, 1/2, 1, 2 and 4 times the trained memory: the bpc with
+    and without memory are two of its points, and the middle panel plots it, with the evaluation time."""
+    _, metrics = quick_run
+    mem_len = metrics["settings"]["mem_len"]
+    curve = metrics["memory_curve"]
+    assert [point["mem_len"] for point in curve] == [0, mem_len // 4, mem_len // 2, mem_len, 2 * mem_len, 4 * mem_len]
+    bits = {point["mem_len"]: point["bits_per_character"] for point in curve}
+    assert (bits[0], bits[mem_len]) == (metrics["bpc_without_memory"], metrics["bpc_with_memory"])
+    assert all(point["predicted_tokens"] == curve[0]["predicted_tokens"] and point["seconds"] > 0 for point in curve)
+    figure = demo.plot(metrics, tmp_path / "plot.png")
+    bpc_line = figure.axes[1].get_lines()[0]
+    assert list(bpc_line.get_xdata()) == list(bits) and list(bpc_line.get_ydata()) == list(bits.values())
+    seconds_line = figure.axes[3].get_lines()[0]  # (the panel's second y axis)
+    assert list(seconds_line.get_ydata()) == [point["seconds"] for point in curve]
 
 
 def test_the_speed_panel_shows_both_sides_bits_per_character(quick_run, tmp_path):
-    _, metrics, _ = quick_run
+    _, metrics = quick_run
     figure = demo.plot(metrics, tmp_path / "plot.png")
     speed_panel = figure.axes[2]
     labels = [text.get_text() for text in speed_panel.texts]
@@ -78,7 +73,7 @@ def test_the_speed_panel_shows_both_sides_bits_per_character(quick_run, tmp_path
 def test_quick_run_writes_a_png_plot(quick_run):
     import matplotlib.image
 
-    output, _, _ = quick_run
+    output, _ = quick_run
     path = output / "demo.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = matplotlib.image.imread(path).shape
@@ -88,7 +83,7 @@ def test_quick_run_writes_a_png_plot(quick_run):
 def test_the_model_folder_reloads_with_the_auto_classes_and_gives_the_trained_models_outputs(quick_run):
     """The same sampled text as the run printed (same seed): the reloaded weights and tokenizer are the trained ones;
     and the held-out bits per character with memory, recomputed from the folder, are the run's."""
-    output, metrics, _ = quick_run
+    output, metrics = quick_run
     model = AutoModelForCausalLM.from_pretrained(output / "model")
     tokenizer = AutoTokenizer.from_pretrained(output / "model")
     assert type(model).__name__ == "TransfoXLLMHeadModel" and model.config.mem_len == metrics["settings"]["mem_len"]
@@ -125,7 +120,7 @@ assert sys.modules["transformers_xl"] is None and not any(name.startswith("trans
 
 
 def test_the_model_folder_loads_with_trust_remote_code_without_the_plugin(quick_run, tmp_path):
-    output, _, _ = quick_run
+    output, _ = quick_run
     text = "def f(x):\n\treturn x  # ok\n"
     tokenizer = AutoTokenizer.from_pretrained(output / "model")
     model = AutoModelForCausalLM.from_pretrained(output / "model").eval()

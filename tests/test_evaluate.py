@@ -225,7 +225,7 @@ def test_damaged_or_meaningless_input_is_refused_before_a_result(tmp_path, capsy
         ((tmp_path / "nan", "test.txt"), "holds non-finite values (NaN or infinity)."),
         ((tmp_path / "missing", "test.txt"), f"{tmp_path / 'missing'}: no such folder."),
         ((tmp_path, "test.txt"), f"{tmp_path}: no config.json in this folder; expected a model folder."),
-        ((model, "test.txt", "--json", tmp_path), f"--json {tmp_path} is a folder; expected the path of a JSON file"),
+        ((model, "test.txt", "--json", tmp_path), f"--json {tmp_path} is a folder; expected the path of a file to write"),
         ((model, "test.txt", "--device", "cuda"), "--device cuda: no cuda device on this machine"),
         ((model, "blank.txt"), "blank.txt: no symbols in it (only blank lines or whitespace)"),
         ((specials, "test.txt"), "the tokenizer's vocabulary holds only special symbols"),
@@ -262,3 +262,134 @@ def test_the_json_file_follows_the_umask_and_is_written_whole(tmp_path):
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
     assert json.loads((tmp_path / "r.json").read_text())["results"][0]["loss"] > 0
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "r.json", "test.txt"]
+
+
+# --- --memory-lengths: the protocol at several memory lengths, a table and a plot ------------------------------
+
+
+def test_memory_lengths_evaluate_each_length_with_the_protocol_and_write_the_table_and_plot(tmp_path, capsys):
+    """Each length is eval.py's loop with only the memory changed (rows, segments, clamp_len, same_length kept), in
+    increasing order, lengths beyond the model's mem_len (6) included. At length 0 same_length is off: it would
+    attend to no position (transformers 4.x's mask then attends to the segment's future tokens too)."""
+    import csv
+
+    import matplotlib.image
+
+    model = tiny_model_folder(tmp_path / "model")
+    lines = write_text(tmp_path / "test.txt")
+    ids = [VOCAB.index(symbol) for line in lines for symbol in [*line.split(), "<eos>"]]
+    assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--memory-lengths", "12,0,3", "--tgt-len", 4,
+                    "--batch-size", 3, "--same-length", "--json", tmp_path / "curve.json") == 0  # fmt: skip
+    output = json.loads((tmp_path / "curve.json").read_text())
+    assert output["settings"]["memory_lengths"] == [0, 3, 12] and output["settings"]["model_mem_len"] == 6
+    assert "mem_len" not in output["settings"]
+    results = output["results"]
+    assert [(r["mem_len"], r["same_length"]) for r in results] == [(0, False), (3, True), (12, True)]
+    for r in results:
+        expected = eval_py(model, ids, batch_size=3, tgt_len=4, mem_len=r["mem_len"], clamp_len=-1,
+                           same_length=r["mem_len"] > 0)  # fmt: skip
+        assert r["loss"] == pytest.approx(expected, abs=1e-5)
+        assert r["predicted_tokens"] == results[0]["predicted_tokens"] and r["seconds"] > 0
+    assert len({round(r["loss"], 6) for r in results}) == 3  # (the memory matters to these weights)
+
+    rows = list(csv.DictReader((tmp_path / "curve.csv").open()))
+    assert list(rows[0]) == ["file", "mem_len", "same_length", "loss", "perplexity", "bits_per_token",
+                             "predicted_tokens", "seconds", "tokens_per_second"]  # fmt: skip
+    assert [(int(row["mem_len"]), float(row["loss"])) for row in rows] == [(r["mem_len"], r["loss"]) for r in results]
+    table = (tmp_path / "curve.md").read_text()
+    assert table.splitlines()[0].startswith("| file | memory length |") and len(table.splitlines()) == 2 + 3
+    assert f"| 12 | yes | {results[2]['loss']:.5f} | {results[2]['perplexity']:.3f} |" in table
+    assert table in capsys.readouterr().out  # (printed too)
+    height, width, _ = matplotlib.image.imread(tmp_path / "curve.png").shape
+    assert width >= 600 and height >= 400
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curve.csv", "curve.json", "curve.md", "curve.png", "model",
+                                                          "test.txt"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def repeating_text_model(tmp_path_factory):
+    """A tiny character-level model trained (a few seconds) to continue a 12-character period in which no character
+    alone says what comes next, and that period repeated as a text file."""
+    folder = tmp_path_factory.mktemp("repeating")
+    period = torch.tensor([1, 3, 0, 0, 3, 1, 3, 1, 3, 0, 0, 1])
+    ids = period.repeat(20)
+    torch.manual_seed(0)
+    config = TransfoXLConfig(vocab_size=6, cutoffs=[], adaptive=False, d_model=32, d_embed=32, n_head=2, d_head=16,
+                             d_inner=64, n_layer=2, mem_len=4, tgt_len=4, clamp_len=-1, same_length=False,
+                             dropout=0.0)  # fmt: skip
+    model = TransfoXLLMHeadModel(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    windows = torch.stack([ids[start : start + 25] for start in range(12)])  # (every phase of the period)
+    for _ in range(80):
+        model(input_ids=windows[:, :-1], shift_labels=windows[:, 1:]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(folder / "model")
+    TransfoXLTokenizer(vocab=["a", "b", "c", "d", "<unk>"]).save_pretrained(folder / "model")  # (+ <formula>: 6 ids)
+    (folder / "text.txt").write_text(" ".join("abcd"[i] for i in ids.tolist()) + "\n")
+    return folder
+
+
+def test_a_longer_memory_lowers_the_loss_where_the_text_repeats(repeating_text_model, tmp_path):
+    """Segments of 4: without memory the first characters of a segment see too little of the period to place
+    themselves in it; with 4 or more positions of memory (up to 4x the model's own 4) every one does."""
+    folder = repeating_text_model
+    assert evaluate(folder / "model", folder / "text.txt", "--memory-lengths", "0,4,8,16", "--batch-size", 4,
+                    "--line-end", "none", "--json", tmp_path / "curve.json") == 0  # fmt: skip
+    results = json.loads((tmp_path / "curve.json").read_text())["results"]
+    bpc = {r["mem_len"]: r["bits_per_character"] for r in results}
+    assert results[0]["unit"] == "character" and "bits per character" in (tmp_path / "curve.md").read_text()
+    assert all(bpc[length] < bpc[0] / 4 for length in (4, 8, 16)), bpc
+
+
+@pytest.mark.parametrize("value", ["a", "-1", "1,,2", "", "1.5", "0, x", "٣"])
+def test_bad_memory_lengths_get_one_clear_line(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(tmp_path / "model", tmp_path / "test.txt", "--memory-lengths", value)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"argument --memory-lengths: expected comma-separated non-negative integers (e.g. "
+                          f"0,64,128), got {value!r}")  # fmt: skip
+
+
+def test_memory_lengths_refuse_repeats_mem_len_and_xlnet(tmp_path, capsys):
+    for options, message in [
+        (["--memory-lengths", "0,8,0"], "argument --memory-lengths: expected distinct memory lengths, got '0,8,0'"),
+        (["--memory-lengths", "0,8", "--mem-len", "8"], "argument --mem-len: not allowed with argument --memory-lengths"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate(tmp_path / "model", tmp_path / "test.txt", *options)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    XLNetLMHeadModel(XLNetConfig(vocab_size=20, d_model=16, n_head=2, d_inner=16, n_layer=1, mem_len=8)).save_pretrained(
+        tmp_path / "xlnet"
+    )
+    write_text(tmp_path / "test.txt")
+    assert evaluate(tmp_path / "xlnet", tmp_path / "test.txt", "--memory-lengths", "0,8") == 2
+    assert "is a 'xlnet' model; expected a Transformer-XL language model" in capsys.readouterr().err
+
+
+def test_the_curves_files_are_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    """A folder in the way of one of them is refused before evaluating; a write that fails (a full disk, here on the
+    plot) leaves none of them, no temporary file, and the earlier curve.json as it was."""
+    tiny_model_folder(tmp_path / "model")
+    write_text(tmp_path / "test.txt")
+    (tmp_path / "curve.png").mkdir()
+    assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--memory-lengths", "0,4", "--json",
+                    tmp_path / "curve.json") == 2  # fmt: skip
+    assert f"--json {tmp_path / 'curve.json'}: {tmp_path / 'curve.png'} is a folder" in capsys.readouterr().err
+    (tmp_path / "curve.png").rmdir()
+
+    (tmp_path / "curve.json").write_text("an earlier run\n")
+    real_open = os.open
+
+    def disk_full(path, *args, **kwargs):
+        if ".png." in str(path):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module.os, "open", disk_full)
+    assert evaluate(tmp_path / "model", tmp_path / "test.txt", "--memory-lengths", "0,4", "--json",
+                    tmp_path / "curve.json") == 2  # fmt: skip
+    assert "cannot write (No space left on device)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curve.json", "model", "test.txt"]
+    assert (tmp_path / "curve.json").read_text() == "an earlier run\n"

@@ -5,7 +5,6 @@ What it measures and writes, the command's options and its help are in transform
 """
 
 import json
-import logging
 import math
 import platform
 import sys
@@ -26,6 +25,8 @@ from ..conversion.publish import umask_permissions
 from ..conversion.remote_code import full_auto_map
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
+from . import memory_curve as curve_plot
+from .evaluate import evaluate_memory_lengths
 from .memory_trainer import MemoryTrainer
 from .streams import TextStream
 
@@ -161,8 +162,8 @@ def train(model, train_ids, settings: dict, output_dir: Path):
     steps = settings["steps"]
     args = TrainingArguments(
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=settings["batch_size"],
-        per_device_eval_batch_size=settings["batch_size"], learning_rate=settings["learning_rate"],
-        lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.01, max_grad_norm=0.25,
+        learning_rate=settings["learning_rate"], lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.01,
+        max_grad_norm=0.25,
         logging_steps=max(1, steps // 100), save_strategy="no", report_to=[], seed=settings["seed"],
         disable_tqdm=False, dataloader_pin_memory=False,
     )  # fmt: skip
@@ -176,26 +177,23 @@ def train(model, train_ids, settings: dict, output_dir: Path):
     return trainer, curve
 
 
-# --- evaluation: bits per character with and without the memory -------------------------------------------------
+# --- evaluation: bits per character against the memory length -------------------------------------------------
+
+# The memory lengths of the held-out curve, as fractions of the trained `mem_len` (0, 32, 64, 128, 256, 512 by
+# default): without memory, shorter and longer memories than trained (the relative encodings extend to any distance).
+MEMORY_CURVE = (0, 0.25, 0.5, 1, 2, 4)
 
 
-def bits_per_character(trainer, eval_ids, settings: dict, mem_len: int) -> float:
-    """`MemoryTrainer.evaluate` on the held-out stream, the model's memory set to `mem_len` for the evaluation.
-    With `mem_len` 0 the trainer's warning that the model returned no memory to carry is silenced: here that is
-    the point."""
-    config = trainer.model.config
-    trained = config.mem_len
-    trainer_logger = logging.getLogger(MemoryTrainer.__module__)
-    level = trainer_logger.level
-    config.mem_len = mem_len
-    if mem_len == 0:
-        trainer_logger.setLevel(logging.ERROR)
-    try:
-        stream = TextStream(eval_ids, settings["batch_size"], settings["segment_len"])
-        return trainer.evaluate(eval_dataset=stream)["eval_bits_per_token"]
-    finally:
-        config.mem_len = trained
-        trainer_logger.setLevel(level)
+def memory_curve(model, eval_ids, settings: dict) -> list[dict]:
+    """`transformers-xl evaluate --memory-lengths`'s evaluation of the held-out stream (the paper's protocol: rows
+    of `batch_size`, segments of `segment_len`, the memory from empty) at each of MEMORY_CURVE's lengths; each
+    result also has its bits per character."""
+    lengths = sorted({round(fraction * settings["mem_len"]) for fraction in MEMORY_CURVE})
+    curve = evaluate_memory_lengths(
+        model, eval_ids, lengths, batch_size=settings["batch_size"], tgt_len=settings["segment_len"],
+        clamp_len=model.config.clamp_len, same_length=model.config.same_length, bf16=False,
+    )  # fmt: skip
+    return [{"file": "held-out", **result, "bits_per_character": result["loss"] / math.log(2)} for result in curve]
 
 
 # --- evaluation speed: state reuse vs a sliding window -----------------------------------------------------------
@@ -282,10 +280,11 @@ def save_model(model, tokenizer, folder: Path):
 
 
 def plot(metrics: dict, path: Path) -> Figure:
-    """Three panels: training loss in bits per character, bpc with / without memory, evaluation time per character
-    (with each side's bpc on the characters timed, which shows that both predict them equally well)."""
-    figure = Figure(figsize=(15, 4.5))  # (no pyplot: no GUI backend, no global state)
-    curve, bpc, speed = figure.subplots(1, 3, gridspec_kw={"width_ratios": [2, 1, 1]})
+    """Three panels: training loss in bits per character, held-out bpc (and evaluation time) against the memory
+    length, evaluation time per character (with each side's bpc on the characters timed, which shows that both
+    predict them equally well)."""
+    figure = Figure(figsize=(17, 4.5))  # (no pyplot: no GUI backend, no global state)
+    curve, bpc, speed = figure.subplots(1, 3, gridspec_kw={"width_ratios": [2, 1.4, 1]})
     steps, bits = zip(*metrics["learning_curve"]) if metrics["learning_curve"] else ((), ())
     curve.plot(steps, bits, color="tab:blue", label="training (with memory)")
     for value, color, label in ((metrics["bpc_with_memory"], "tab:green", "held-out, with memory"),
@@ -294,13 +293,8 @@ def plot(metrics: dict, path: Path) -> Figure:
     curve.set(xlabel="training step", ylabel="bits per character", title="Learning curve")
     curve.legend()
 
-    values = [metrics["bpc_with_memory"], metrics["bpc_without_memory"]]
-    bars = bpc.bar(
-        [f"with memory\n(mem_len {metrics['settings']['mem_len']})", "without memory\n(mem_len 0)"], values,
-        color=["tab:green", "tab:red"],
-    )  # fmt: skip
-    bpc.bar_label(bars, fmt="%.3f")
-    bpc.set(ylabel="bits per character", title=f"Held-out, segments of {metrics['settings']['segment_len']}")
+    curve_plot.draw(bpc, metrics["memory_curve"], "character", metrics["settings"]["mem_len"])
+    bpc.set_title(f"Held-out, against the memory length (segments of {metrics['settings']['segment_len']})")
 
     milliseconds = [1000 * metrics["eval_seconds_per_char_memory"], 1000 * metrics["eval_seconds_per_char_window"]]
     bars = speed.bar(["state reuse\n(memory)", "sliding window\n(recompute)"], milliseconds,
@@ -340,16 +334,17 @@ def run_demo(settings: dict, output_dir: Path) -> dict:
     train_seconds = time.perf_counter() - train_started
     model = trainer.model
 
-    log("evaluating on the held-out files with memory, then without (mem_len 0)")
-    with_memory = bits_per_character(trainer, eval_ids, settings, settings["mem_len"])
-    without_memory = bits_per_character(trainer, eval_ids, settings, 0)
+    log("evaluating on the held-out files at several memory lengths, 0 (without memory) and the trained one included")
+    held_out = memory_curve(model.eval(), eval_ids, settings)
+    bits = {result["mem_len"]: result["bits_per_character"] for result in held_out}
     speed = evaluation_speed(model, speed_ids, settings["mem_len"], settings["segment_len"], settings["speed_chars"])
 
     sample = generate_sample(model, tokenizer, settings["seed"])
     save_model(model, tokenizer, output_dir / "model")
     metrics = {
-        "bpc_with_memory": with_memory,
-        "bpc_without_memory": without_memory,
+        "bpc_with_memory": bits[settings["mem_len"]],
+        "bpc_without_memory": bits[0],
+        "memory_curve": held_out,
         "eval_speedup": speed["speedup"],
         "attention_length": settings["mem_len"],
         "eval_seconds_per_char_memory": speed["seconds_per_char_memory"],

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from safetensors import SafetensorError, safe_open
 
 from ..modeling.memory_cache import MemoryCache
+from . import memory_curve
 from .corpus import CorpusError, check_encoded, check_readable, check_vocabulary, encode_file
 
 
@@ -31,8 +32,10 @@ def run(args) -> int:
     except (EvaluationError, CorpusError) as error:
         print(f"transformers-xl evaluate: {error}", file=sys.stderr)
         return 2
-    for result in report["results"]:
-        unit = result["unit"]
+    unit = report["results"][0]["unit"]
+    if args.memory_lengths:
+        print(memory_curve.markdown(report["results"], unit), end="")
+    for result in [] if args.memory_lengths else report["results"]:
         print(
             f"{result['file']}: loss {result['loss']:.5f} | perplexity {result['perplexity']:.3f} | "
             f"bits per {unit} {result[f'bits_per_{unit}']:.5f} | {result['predicted_tokens']} tokens predicted "
@@ -41,7 +44,7 @@ def run(args) -> int:
         )
     if args.json:
         try:
-            write_json(Path(args.json), report)
+            write_whole(output_files(args, report))
         except OSError as error:
             print(f"transformers-xl evaluate: --json {args.json}: cannot write ({error.strerror or error})",
                   file=sys.stderr)  # fmt: skip
@@ -49,16 +52,43 @@ def run(args) -> int:
     return 0
 
 
-def write_json(path: Path, data):
-    """Write `path` whole or not at all (a temporary file beside it, renamed), with the permissions the umask gives
-    (os.open applies it; mkstemp would make the file private)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+def output_paths(args) -> list[Path]:
+    """`--json PATH`, and with `--memory-lengths` the table and plot beside it: PATH's name ending .csv, .md, .png
+    (in place of .json)."""
+    path = Path(args.json)
+    stem = path.with_suffix("") if path.suffix == ".json" else path
+    extra = [".csv", ".md", ".png"] if args.memory_lengths else []
+    return [path, *(stem.with_name(stem.name + suffix) for suffix in extra)]
+
+
+def output_files(args, report: dict) -> dict[Path, bytes]:
+    """The contents of `output_paths`: the report as JSON, then the curve's table as CSV and markdown and its plot."""
+    paths = output_paths(args)
+    contents = [(json.dumps(report, indent=2) + "\n").encode()]
+    if args.memory_lengths:
+        results, settings = report["results"], report["settings"]
+        unit = results[0]["unit"]
+        title = (f"{Path(settings['model']).name}: segments of {settings['tgt_len']}, {settings['batch_size']} rows, "
+                 f"clamp_len {settings['clamp_len']}, same_length {settings['same_length']}")  # fmt: skip
+        contents += [memory_curve.csv_text(results, unit).encode(), memory_curve.markdown(results, unit).encode(),
+                     memory_curve.plot_png(results, unit, title, settings["model_mem_len"])]  # fmt: skip
+    return dict(zip(paths, contents))
+
+
+def write_whole(files: dict[Path, bytes]):
+    """Write every file whole or none of them: each into a temporary file beside it, then all renamed (the
+    temporaries removed if any write fails), with the permissions the umask gives (os.open applies it; mkstemp
+    would make the file private)."""
+    temporaries = {path: path.with_name(f".{path.name}.{os.getpid()}.partial") for path in files}
     try:
-        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as file:
-            file.write(json.dumps(data, indent=2) + "\n")
-        os.replace(temporary, path)
+        for path, data in files.items():
+            with os.fdopen(os.open(temporaries[path], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
+                file.write(data)
+        for path, temporary in temporaries.items():
+            os.replace(temporary, path)
     finally:
-        temporary.unlink(missing_ok=True)
+        for temporary in temporaries.values():
+            temporary.unlink(missing_ok=True)
 
 
 def resolve_device(name: str | None) -> str:
@@ -82,8 +112,10 @@ def evaluate_files(args) -> dict:
         check_readable(path)  # (all of them before anything runs)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise EvaluationError(f"--json {args.json}: its folder does not exist.")
-    if args.json and Path(args.json).is_dir():
-        raise EvaluationError(f"--json {args.json} is a folder; expected the path of a JSON file to write.")
+    for path in output_paths(args) if args.json else []:  # (the JSON file, and with --memory-lengths those beside it)
+        if path.is_dir():
+            name = args.json if path == Path(args.json) else f"{args.json}: {path}"
+            raise EvaluationError(f"--json {name} is a folder; expected the path of a file to write.")
     device = resolve_device(args.device)
     model, tokenizer = load_model(args.model)
     config = model.config
@@ -91,7 +123,8 @@ def evaluate_files(args) -> dict:
         "model": args.model,
         "batch_size": args.batch_size,
         "tgt_len": args.tgt_len if args.tgt_len is not None else config.tgt_len,
-        "mem_len": args.mem_len if args.mem_len is not None else config.mem_len,
+        **({"memory_lengths": args.memory_lengths, "model_mem_len": config.mem_len} if args.memory_lengths else
+           {"mem_len": args.mem_len if args.mem_len is not None else config.mem_len}),
         "clamp_len": args.clamp_len if args.clamp_len is not None else config.clamp_len,
         "same_length": args.same_length if args.same_length is not None else config.same_length,
         "line_end": args.line_end or default_line_end(tokenizer),
@@ -123,25 +156,47 @@ def evaluate_files(args) -> dict:
                 f"{path}: {len(ids)} tokens are too few for --batch-size {settings['batch_size']} rows of at least 2 "
                 "tokens each; use a smaller --batch-size."
             )
-        result = evaluate_stream(model, ids, **{k: settings[k] for k in EVALUATION_SETTINGS})
-        if not math.isfinite(result["loss"]):
-            raise EvaluationError(f"{path}: the loss is {result['loss']}, not a result (the model overflowed"
-                                  f"{' in bf16' if settings['bf16'] else ''}).")  # fmt: skip
-        character_level = settings["line_end"] == "none"
-        result = {
-            "file": str(path),
-            "unit": "character" if character_level else "token",
-            **result,
-            "symbols": encoded.words,
-            "unknown_symbols": encoded.unknown,
-            "unk_rate": encoded.unknown / max(encoded.words, 1),
-        }
-        result[f"bits_per_{result['unit']}"] = result["loss"] / math.log(2)
-        results.append(result)
+        lengths = settings.get("memory_lengths") or [settings["mem_len"]]
+        curve = evaluate_memory_lengths(model, ids, lengths, **{k: settings[k] for k in EVALUATION_SETTINGS})
+        for result in curve:
+            if not math.isfinite(result["loss"]):
+                at = f" at memory length {result['mem_len']}" if args.memory_lengths else ""
+                raise EvaluationError(f"{path}: the loss{at} is {result['loss']}, not a result (the model overflowed"
+                                      f"{' in bf16' if settings['bf16'] else ''}).")  # fmt: skip
+            unit = "character" if settings["line_end"] == "none" else "token"
+            result = {
+                "file": str(path),
+                "unit": unit,
+                **result,
+                f"bits_per_{unit}": result["loss"] / math.log(2),
+                "symbols": encoded.words,
+                "unknown_symbols": encoded.unknown,
+                "unk_rate": encoded.unknown / max(encoded.words, 1),
+            }
+            results.append(result)
     return {"settings": settings, "results": results}
 
 
-EVALUATION_SETTINGS = ("batch_size", "tgt_len", "mem_len", "clamp_len", "same_length", "bf16")
+EVALUATION_SETTINGS = ("batch_size", "tgt_len", "clamp_len", "same_length", "bf16")
+
+
+def evaluate_memory_lengths(model, ids, memory_lengths, **settings) -> list[dict]:
+    """`evaluate_stream` of `ids` at each memory length, all else the same (rows, segments, `clamp_len`,
+    `same_length`: see `attends_same_length`); one result per length, with its `mem_len` and `same_length`.
+    Lengths beyond the model's own `mem_len` are allowed: the relative encodings extend to any distance."""
+    return [
+        {"mem_len": mem_len, "same_length": attends_same_length(mem_len, settings["same_length"]),
+         **evaluate_stream(model, ids, mem_len=mem_len, **settings)}
+        for mem_len in memory_lengths
+    ]  # fmt: skip
+
+
+def attends_same_length(mem_len: int, same_length: bool) -> bool:
+    """Whether `same_length` applies: with it every query attends to the `mem_len` newest positions (its own
+    included), so at memory length 0 to none; the evaluation then reads each segment causally (the model without
+    memory). (There eval.py's mask is all -inf, giving NaN; transformers 4.x's attends to the whole segment, future
+    tokens included.)"""
+    return same_length and mem_len > 0
 
 
 def load_model(name):
@@ -228,7 +283,8 @@ def evaluate_stream(model, ids, batch_size: int, tgt_len: int, mem_len: int, cla
     total_loss, total_len = 0.0, 0
     start = time.perf_counter()
     with torch.inference_mode(), autocast, config_settings(  # (the memory starts empty, as in eval.py)
-        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, zero_initial_mems=False
+        model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=attends_same_length(mem_len, same_length),
+        zero_initial_mems=False,
     ):
         for i in tqdm(range(0, n_step - 1, tgt_len), desc="evaluating", unit="segment", disable=not progress,
                       dynamic_ncols=True):  # fmt: skip

@@ -4,15 +4,16 @@
 the running interpreter (one file in ten, chosen by a hash of its path, is held out for evaluation). It trains with
 the public training API (`TextStream` + `MemoryTrainer`), then measures, on the held-out files:
 
-- bits per character of the trained model evaluated with its memory and without it (`mem_len` 0): the same
-  weights, the same segments; without memory a character sees only the earlier characters of its own segment;
+- bits per character of the trained model evaluated with memories of 0 to 4 times its own (`mem_len` 0: without
+  memory, a character sees only the earlier characters of its own segment), the same weights and segments at each:
+  `transformers-xl evaluate --memory-lengths`'s evaluation;
 - the evaluation speed-up of Transformer-XL's state reuse (Sec. 3.2): to predict each character with an attention
   length of A characters, a model without memory re-runs a sliding window of A characters, while Transformer-XL
   runs each character once and attends to the A - 1 before it through the memory.
 
-It writes `metrics.json`, `demo.png` (the learning curve and both comparisons) and `model/` (loads with
-`AutoModelForCausalLM` + `AutoTokenizer`, with `import transformers_xl` or with `trust_remote_code=True`), and prints
-a generated sample.
+It writes `metrics.json`, `demo.png` (the learning curve, bits per character against the memory length, the speed
+comparison) and `model/` (loads with `AutoModelForCausalLM` + `AutoTokenizer`, with `import transformers_xl` or with
+`trust_remote_code=True`), and prints a generated sample.
 """
 
 import argparse
