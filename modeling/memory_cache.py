@@ -5,7 +5,7 @@ Each layer's input hidden states for the last `mem_len` tokens, batch-first [B, 
 legacy time-major tuple: views of a memory grown in place (`GrowingTensor`), so clone them to keep them."""
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 
 def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, dtype: torch.dtype, device):
@@ -162,12 +162,12 @@ class MemoryLayer:
             sequence.drop_newest(count)
 
 
-class MemoryCache(Cache):
+class SegmentMemory(Cache):
     """Segment-level memory, one `MemoryLayer` per layer; `mem_len=None` keeps every position. For assisted decoding,
     `activate_past_recording()` keeps what `mem_len` would evict until the next `crop`: the rollback is exact."""
 
     def __init__(self, num_layers: int, mem_len: int | None):
-        super().__init__(layers=[MemoryLayer() for _ in range(num_layers)])
+        Cache.__init__(self, layers=[MemoryLayer() for _ in range(num_layers)])  # (not a leaf's __init__)
         self.mem_len = mem_len
         self.seen_tokens = 0
         self.record_past = False
@@ -335,7 +335,12 @@ class MemoryCache(Cache):
         return [False] * len(self.layers)
 
     def __repr__(self):
-        return f"MemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"
+        name, layers = type(self).__name__, len(self.layers)
+        return f"{name}(layers={layers}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"
+
+
+class MemoryCache(SegmentMemory, DynamicCache):
+    """The default cache: to transformers a `DynamicCache` (grown as decoding goes, up to `mem_len`; not compiled)."""
 
 
 class RingLayer:
@@ -356,8 +361,8 @@ class RingLayer:
             buffer.copy_(fn(buffer))
 
 
-class StaticMemoryCache(MemoryCache):
-    """A `MemoryCache` whose decoding steps all have the same shapes, for generate() to compile
+class StaticMemoryCache(SegmentMemory, StaticCache):
+    """The memory as a `StaticCache`: decoding steps of fixed shapes, for generate() to compile
     (`cache_implementation="static"`). After the prompt, `start_ring` moves the memory into `slot_count` slots
     (default mem_len + 1); a step writes `step_length` positions from `position` on and attends to every slot by its
     distance (`slot_distances`). The counters are 0-d tensors updated in place: data, not shapes."""
@@ -370,13 +375,14 @@ class StaticMemoryCache(MemoryCache):
         self.step_length = step_length
         self.ring = False
 
-    def start_ring(self, position_keys, attendable: torch.Tensor | None = None):
+    def start_ring(self, position_keys, attendable: torch.Tensor | None = None, rewritten: int | None = None):
         """Move each layer's memory and its keys / values into the slots; `position_keys`: one table per layer;
-        `attendable` [B, m]: False for padding (kept in slots too), None when padding is not tracked."""
+        `attendable` [B, m]: False for padding (kept in slots too), None when padding is not tracked; `rewritten`:
+        how many newest remembered positions the first step writes again (default step_length - 1)."""
         held, count = self.layers[0].hidden.shape[1], self.slot_count
         device = self.layers[0].hidden.device
-        first = self.seen_tokens - self.step_length + 1  # what the next step writes first
-        # (< 0 after `mems` or zero slots; XLNet's first step writes its newest remembered position again)
+        first = self.seen_tokens - (self.step_length - 1 if rewritten is None else rewritten)  # the next step's first
+        # (< 0 after `mems` or zero slots)
         self.oldest = torch.tensor(min(self.seen_tokens - held, first), device=device)
         self.position = torch.tensor(first, device=device)
         self.step_offsets = torch.arange(self.step_length, device=device)
@@ -432,6 +438,9 @@ class StaticMemoryCache(MemoryCache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.newest) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.slot_count
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)

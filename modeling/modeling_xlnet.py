@@ -831,8 +831,8 @@ class XLNetModel(XLNetPreTrainedModel):
     def _check_static_cache(self, cache, reuse_projections, batch, query_length, dtype, predict_next_token, extra):
         """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
         problem = None
-        if self.config.bi_data or self.config.reuse_len or cache.step_length != 2:
-            problem = "is generate()'s (two tokens a step), without bi_data or reuse_len"
+        if cache.step_length != 2 or (self.config.reuse_len or 3) < 3:
+            problem = "is generate()'s (two tokens a step), with no reuse_len or one of 3 or more"
         elif not reuse_projections:
             problem = "decodes in eval mode under torch.no_grad(), as generate() does"
         elif cache.ring and (query_length != 2 or not predict_next_token or extra):
@@ -858,10 +858,14 @@ class XLNetModel(XLNetPreTrainedModel):
         return cache.slot_count - distances, mask[None, None]
 
     def _start_ring(self, cache):
-        """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1)."""
+        """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1).
+        The first step writes the newest remembered position again, both if the prompt filled `reuse_len` (as
+        `prepare_inputs_for_generation` forgets them)."""
         device = self.word_embedding.weight.device
         distances = self._relative_position_embeddings(cache.slot_count, -1, device)
-        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer])
+        remembered_dummy = not self.config.reuse_len or cache.last_stored < self.config.reuse_len
+        tables = [layer.rel_attn.project_positions(distances) for layer in self.layer]
+        cache.start_ring(tables, rewritten=cache.step_length - remembered_dummy)
 
 
 def _drop_newest(cache: MemoryCache, count: int):
