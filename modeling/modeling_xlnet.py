@@ -970,7 +970,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
         """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache:
-        max(mem_len, 2) slots, or all up to `max_length`, never fewer than the last call's (as StaticCache)."""
+        `max_length` slots (never fewer than the last call's, as StaticCache), at most mem_len, at least 2."""
         if generation_config.cache_implementation != "static":
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_length
@@ -982,12 +982,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
                 "pass no `cache` or `mems` with it, or use the default cache."
             )
         mem_len = self.config.mem_len or None
-        if mem_len:
-            slot_count = max(mem_len, self.generation_offset)
-        else:
-            previous = getattr(self, "_previous_max_cache_length", 0)
-            slot_count = max(max_length, generation_config.max_cache_len or 0, previous)
-            self._previous_max_cache_length = slot_count
+        longest = max(max_length, generation_config.max_cache_len or 0, getattr(self, "_previous_max_cache_length", 0))
+        self._previous_max_cache_length = longest
+        slot_count = max(min(mem_len or longest, longest), self.generation_offset)
         model_kwargs["cache"] = StaticMemoryCache(self.config.n_layer, mem_len, slot_count, self.generation_offset)
 
     def prepare_inputs_for_generation(
