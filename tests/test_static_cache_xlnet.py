@@ -107,7 +107,7 @@ def test_a_static_decoding_step_makes_no_host_sync():
 
 def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
     prompt = ids(2, 4)
-    with pytest.raises(ValueError, match="with no reuse_len or one of 3 or more"):
+    with pytest.raises(ValueError, match="with reuse_len None or >= 3"):
         scrambled_lm(mem_len=6, reuse_len=2).generate(prompt, cache_implementation="static", max_new_tokens=2)
     model = scrambled_lm(mem_len=6)
     for given in (dict(use_mems=False), dict(mems=model(prompt, use_mems=True).mems)):
