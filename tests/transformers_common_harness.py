@@ -15,7 +15,8 @@ What it found, and which of transformers' tests do not apply to these models and
 
 The sdist's `tests/` holds `test_modeling_common.py` but neither `generation/test_utils.py` nor
 `exporters/test_export.py`: missing ones are replaced by empty mixins, and the generation tests are then skipped. A
-git checkout of transformers at the same version's tag has them all.
+git checkout of transformers has them: copy its `tests/generation` and `tests/exporters` into the unpacked folder
+(and, where `generation/test_utils.py` imports `tests.exporters`, make that import relative, `..exporters`).
 """
 
 import inspect
