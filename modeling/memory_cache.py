@@ -1,11 +1,11 @@
-"""The recurrent memory as a transformers `Cache`, so that `generate()` can carry it.
+"""The recurrent memory as transformers `Cache`s for `generate()`: `MemoryCache` (default), `StaticMemoryCache`.
 
-Each layer's input hidden states for the last `mem_len` tokens, batch-first [B, m, d], with their keys / values
-[B, H, m, D] and the position keys, reused while the weights are frozen (eval, no gradient). `cache.mems` is the
-legacy time-major tuple: views of a memory grown in place (`GrowingTensor`), so clone them to keep them."""
+Each layer's input hidden states for the last `mem_len` tokens [B, m, d], their keys / values [B, H, m, D] and the
+position keys, reused while the weights are frozen (eval, no gradient). `cache.mems` is the legacy time-major tuple:
+views of a memory grown in place (`GrowingTensor`): clone them to keep them."""
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 
 def check_mems(mems, num_layers: int, batch_size: int, width: int, model: str, dtype: torch.dtype, device):
@@ -162,12 +162,12 @@ class MemoryLayer:
             sequence.drop_newest(count)
 
 
-class MemoryCache(Cache):
+class SegmentMemory(Cache):
     """Segment-level memory, one `MemoryLayer` per layer; `mem_len=None` keeps every position. For assisted decoding,
     `activate_past_recording()` keeps what `mem_len` would evict until the next `crop`: the rollback is exact."""
 
     def __init__(self, num_layers: int, mem_len: int | None):
-        super().__init__(layers=[MemoryLayer() for _ in range(num_layers)])
+        Cache.__init__(self, layers=[MemoryLayer() for _ in range(num_layers)])
         self.mem_len = mem_len
         self.seen_tokens = 0
         self.record_past = False
@@ -335,12 +335,16 @@ class MemoryCache(Cache):
         return [False] * len(self.layers)
 
     def __repr__(self):
-        return f"MemoryCache(layers={len(self.layers)}, mem_len={self.mem_len}, seen_tokens={self.seen_tokens})"
+        return f"{type(self).__name__}(layers={len(self.layers)}, mem_len={self.mem_len}, seen={self.seen_tokens})"
+
+
+class MemoryCache(SegmentMemory, DynamicCache):
+    """The default cache, a `DynamicCache` to transformers."""
 
 
 class RingLayer:
-    """A `StaticMemoryCache` layer: hidden [B, R, d], keys / values [B, H, R, D] (position p in slot p % R) and
-    projected distances `position_keys`; a step writes in `slots` (the cache's)."""
+    """A `StaticMemoryCache` layer: hidden [B, R, d], keys / values [B, H, R, D] (position p in slot p % R), the
+    projected distances; a step writes in `slots`."""
 
     def __init__(self, hidden, keys, values, position_keys, slots):
         self.hidden, self.keys, self.values, self.position_keys, self.slots = hidden, keys, values, position_keys, slots
@@ -351,16 +355,15 @@ class RingLayer:
         return self.keys, self.values
 
     def map_batch(self, fn):
-        """In place: the buffers keep their addresses (compiled steps and CUDA graphs read them there)."""
+        """In place: compiled steps and CUDA graphs read the buffers at their addresses."""
         for buffer in (self.hidden, self.keys, self.values):
             buffer.copy_(fn(buffer))
 
 
-class StaticMemoryCache(MemoryCache):
-    """A `MemoryCache` whose decoding steps all have the same shapes, for generate() to compile
-    (`cache_implementation="static"`). After the prompt, `start_ring` moves the memory into `slot_count` slots
-    (default mem_len + 1); a step writes `step_length` positions from `position` on and attends to every slot by its
-    distance (`slot_distances`). The counters are 0-d tensors updated in place: data, not shapes."""
+class StaticMemoryCache(SegmentMemory, StaticCache):
+    """The memory as a `StaticCache`: steps of fixed shapes, for generate() to compile. After the prompt, `start_ring`
+    moves it into `slot_count` slots (default mem_len + 1); a step writes `step_length` positions from `position` on
+    and attends to every slot by its distance. The counters are 0-d tensors updated in place: data, not shapes."""
 
     def __init__(self, num_layers: int, mem_len: int | None, slot_count: int | None = None, step_length: int = 1):
         if slot_count is None and (not mem_len or mem_len < 1):
@@ -370,13 +373,12 @@ class StaticMemoryCache(MemoryCache):
         self.step_length = step_length
         self.ring = False
 
-    def start_ring(self, position_keys, attendable: torch.Tensor | None = None):
-        """Move each layer's memory and its keys / values into the slots; `position_keys`: one table per layer;
-        `attendable` [B, m]: False for padding (kept in slots too), None when padding is not tracked."""
+    def start_ring(self, position_keys, attendable: torch.Tensor | None = None, rewritten: int = 0):
+        """Move the memory and its keys / values into the slots; `position_keys`: one table per layer; `attendable`
+        [B, m]: False for padding, or None; `rewritten`: the newest remembered positions the first step writes again."""
         held, count = self.layers[0].hidden.shape[1], self.slot_count
         device = self.layers[0].hidden.device
-        first = self.seen_tokens - self.step_length + 1  # what the next step writes first
-        # (< 0 after `mems` or zero slots; XLNet's first step writes its newest remembered position again)
+        first = self.seen_tokens - rewritten  # what the next step writes first (< 0 after `mems` or zero slots)
         self.oldest = torch.tensor(min(self.seen_tokens - held, first), device=device)
         self.position = torch.tensor(first, device=device)
         self.step_offsets = torch.arange(self.step_length, device=device)
@@ -405,7 +407,7 @@ class StaticMemoryCache(MemoryCache):
         return self.position + self.step_length - 1
 
     def slot_distances(self) -> torch.Tensor:
-        """[R] (newest - slot) mod R: how far before the step's newest position each slot's position is."""
+        """[R] (newest - slot) mod R: each slot's distance from the step's newest position."""
         return (self.newest - torch.arange(self.slot_count, device=self.position.device)).remainder(self.slot_count)
 
     def mark_attendable(self, attendable: torch.Tensor):
@@ -422,7 +424,7 @@ class StaticMemoryCache(MemoryCache):
 
     @property
     def mems(self):
-        """The legacy view, oldest first; from the slots it syncs with the device (for inspection only)."""
+        """The legacy view, oldest first (a host sync: for inspection only)."""
         if not self.ring:
             return super().mems
         end = int(self.newest)  # (after a step: one past the positions written)
@@ -432,6 +434,9 @@ class StaticMemoryCache(MemoryCache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.newest) if self.ring else self.seen_tokens  # (a sync: generate() reads it once)
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.slot_count
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)

@@ -995,7 +995,9 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         """Start the memory cache before decoding, where transformers' strategies look for it (assisted decoding needs
         it up front): empty, or from the `mems` the user gave, expanded to the beams / return sequences. Without a
         cache (`use_cache=False`) every step recomputes the whole sequence, after those `mems`.
-        `cache_implementation="static"` gives a StaticMemoryCache, whose steps generate() can compile."""
+        `cache_implementation="static"` gives a StaticMemoryCache, whose steps generate() can compile: `max_length`
+        slots (the cache length; never fewer than the last call's, as StaticCache, so nothing recompiles), at most
+        mem_len + 1, which one step attends to (all of them after `mems` or with `zero_initial_mems`)."""
         static = generation_config.cache_implementation == "static"  # (which transformers would ignore for us)
         if static and model_kwargs.get("cache") is not None:
             raise ValueError("TransfoXLLMHeadModel.generate: pass `cache_implementation` or `cache`, not both.")
@@ -1013,6 +1015,9 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             if mems is None
             else cache_class.from_mems(mems, self.config.mem_len, batch_size=expanded)
         )
+        if cache_class is StaticMemoryCache and mems is None and not self.config.zero_initial_mems:
+            max_length = max(max_length, getattr(self, "_previous_max_cache_length", 0))
+            cache.slot_count = self._previous_max_cache_length = min(self.config.mem_len + 1, max_length)
         if generation_config.use_cache is False:
             if cache.mems is not None:
                 model_kwargs["mems"] = cache.mems

@@ -726,7 +726,7 @@ class XLNetModel(XLNetPreTrainedModel):
             unsupported = (mems, perm_mask, target_mapping, token_type_ids, attention_mask, input_mask, inputs_embeds)
             self._check_static_cache(cache, reuse_projections, batch, query_length, hidden_like.dtype,
                                      predict_next_token, any(x is not None for x in unsupported))  # fmt: skip
-        stepping = static and cache.ring  # (a static cache's decoding step: see `_slot_masks`)
+        stepping = static and cache.ring  # (a static cache's step: see `_slot_masks`)
         if not stepping:  # (`mem_len` None or 0 keeps every past position)
             cache = MemoryCache.for_forward(
                 cache, mems, self.config.n_layer, self.config.mem_len or None, batch, self.config.d_model,
@@ -813,7 +813,7 @@ class XLNetModel(XLNetPreTrainedModel):
             hidden_states.extend([content] if query_stream is None else [content, query_stream])
         if stepping:
             cache.advance()
-        elif static:  # the prompt has run: its memory moves into the static slots
+        elif static:  # the prompt has run: into the slots
             self._start_ring(cache)
 
         output = self.dropout(content if query_stream is None else query_stream)
@@ -826,13 +826,13 @@ class XLNetModel(XLNetPreTrainedModel):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    # ----- a static cache's decoding step (`generate(..., cache_implementation="static")`) -----
+    # ----- a static cache's decoding step (`cache_implementation="static"`) -----
 
     def _check_static_cache(self, cache, reuse_projections, batch, query_length, dtype, predict_next_token, extra):
-        """What a StaticMemoryCache needs (checked on shapes and flags only: no host sync in a step)."""
+        """What a StaticMemoryCache needs (shapes and flags only: no host sync)."""
         problem = None
-        if self.config.bi_data or self.config.reuse_len or cache.step_length != 2:
-            problem = "is generate()'s (two tokens a step), without bi_data or reuse_len"
+        if cache.step_length != 2 or (self.config.reuse_len or 3) < 3:
+            problem = "is generate()'s (two tokens a step), with reuse_len None or >= 3"
         elif not reuse_projections:
             problem = "decodes in eval mode under torch.no_grad(), as generate() does"
         elif cache.ring and (query_length != 2 or not predict_next_token or extra):
@@ -843,9 +843,9 @@ class XLNetModel(XLNetPreTrainedModel):
             raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
 
     def _slot_masks(self, cache, dtype):
-        """A static cache step's rows: the two tokens fed again (positions n-2, n-1) and the query of n. Returns each
-        (row, slot) pair's column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]
-        ("uni"'s future keys, same_length's beyond the memory; -inf on unwritten slots, as the default cache)."""
+        """A static step's rows: the two tokens fed again (positions n-2, n-1), the query of n. Returns each (row,
+        slot)'s column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]: "uni"'s
+        future keys, same_length's beyond the memory, -inf on unwritten slots."""
         newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
         distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
         masked = (distances < 0) & (self.config.attn_type == "uni")
@@ -858,10 +858,12 @@ class XLNetModel(XLNetPreTrainedModel):
         return cache.slot_count - distances, mask[None, None]
 
     def _start_ring(self, cache):
-        """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1)."""
+        """The memory moves into the slots, with each layer's position keys (distances R ... -1); the first step
+        rewrites the newest remembered position, two if the prompt filled `reuse_len`."""
         device = self.word_embedding.weight.device
         distances = self._relative_position_embeddings(cache.slot_count, -1, device)
-        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer])
+        rewritten = 2 if self.config.reuse_len and cache.last_stored >= self.config.reuse_len else 1
+        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer], rewritten=rewritten)
 
 
 def _drop_newest(cache: MemoryCache, count: int):
@@ -965,8 +967,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
-        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache:
-        max(mem_len, 2) slots, or all up to `max_length`, never fewer than the last call's (as StaticCache)."""
+        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache of
+        `max_length` slots (never fewer than the last call's), at most mem_len, at least 2."""
         if generation_config.cache_implementation != "static":
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_length
@@ -978,12 +980,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
                 "pass no `cache` or `mems` with it, or use the default cache."
             )
         mem_len = self.config.mem_len or None
-        if mem_len:
-            slot_count = max(mem_len, self.generation_offset)
-        else:
-            previous = getattr(self, "_previous_max_cache_length", 0)
-            slot_count = max(max_length, generation_config.max_cache_len or 0, previous)
-            self._previous_max_cache_length = slot_count
+        longest = max(max_length, generation_config.max_cache_len or 0, getattr(self, "_previous_max_cache_length", 0))
+        self._previous_max_cache_length = longest
+        slot_count = max(min(mem_len or longest, longest), self.generation_offset)
         model_kwargs["cache"] = StaticMemoryCache(self.config.n_layer, mem_len, slot_count, self.generation_offset)
 
     def prepare_inputs_for_generation(

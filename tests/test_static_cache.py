@@ -3,7 +3,7 @@ with decoding steps of fixed shapes, compiled by generate() without graph breaks
 
 import pytest
 import torch
-from transformers import CompileConfig
+from transformers import CompileConfig, DynamicCache, StaticCache
 
 from greedy_decoding import assert_greedy_decodings_agree
 from host_syncs import HostSyncCounter
@@ -157,5 +157,47 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
         assert_greedy_decodings_agree(
             compiled.sequences, compiled.scores, default.sequences, default.scores, atol=TOLERANCE
         )
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+
+
+def test_the_caches_are_what_transformers_tests_check():
+    """transformers' generation tests (test_generate_with_static_cache, ..._from_inputs_embeds_with_static_cache,
+    ..._compile_model_forward_fullgraph): the static cache is a compileable `StaticCache`, not a `DynamicCache`, one
+    layer per model layer, keys [B, H, generate()'s cache length, D] while that fits in mem_len + 1 slots; the
+    default cache is a `DynamicCache`, not compileable. A cache made by hand is one too."""
+    n_layer, n_head, d_head = 2, 4, 8
+    for prompt_length, new_tokens, embeds in ((3, 4, False), (3, 4, True), (3, 20, False)):
+        model, ids = scrambled_lm(mem_len=MEM_LEN), prompt(2, prompt_length)
+        inputs = dict(inputs_embeds=model.get_input_embeddings()(ids)) if embeds else dict(input_ids=ids)
+        default, static = (
+            model.generate(**inputs, do_sample=False, max_new_tokens=new_tokens, cache_implementation=implementation,
+                           return_dict_in_generate=True)  # fmt: skip
+            for implementation in (None, "static")
+        )
+        assert isinstance(default.cache, DynamicCache) and not default.cache.is_compileable
+        cache = static.cache
+        assert isinstance(cache, StaticCache) and not isinstance(cache, DynamicCache) and cache.is_compileable
+        slots = min(prompt_length + new_tokens - 1, MEM_LEN + 1)
+        assert len(cache) == n_layer and cache.get_max_length() == slots
+        assert [layer.keys.shape for layer in cache.layers] == [(2, n_head, slots, d_head)] * n_layer
+    with torch.no_grad():
+        assert isinstance(model(ids, cache=StaticMemoryCache(n_layer, MEM_LEN)).cache, StaticCache)
+
+
+def test_a_shorter_generation_reuses_the_compiled_step():
+    """transformers' test_static_cache_no_recompile_with_smaller_length: the slots follow generate()'s cache length
+    (here shorter than the memory), never fewer than the last call's, so a shorter call runs the same graph."""
+    from torch._dynamo.utils import counters
+
+    model = scrambled_lm(mem_len=MEM_LEN)
+    config = CompileConfig(fullgraph=True, dynamic=False, backend="eager")  # (dynamo counts the graphs)
+    config._compile_all_devices = True
+    torch._dynamo.reset()
+    counters.clear()
+    for new_tokens in (5, 2):
+        out = model.generate(prompt(2, 3), do_sample=False, max_new_tokens=new_tokens, cache_implementation="static",
+                             compile_config=config, return_dict_in_generate=True)  # fmt: skip
+        assert out.cache.get_max_length() == 3 + 5 - 1
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])

@@ -4,7 +4,7 @@ or host syncs."""
 
 import pytest
 import torch
-from transformers import CompileConfig
+from transformers import CompileConfig, DynamicCache, StaticCache
 
 from greedy_decoding import assert_greedy_decodings_agree
 from host_syncs import HostSyncCounter
@@ -107,9 +107,8 @@ def test_a_static_decoding_step_makes_no_host_sync():
 
 def test_the_static_cache_refuses_what_it_cannot_do_with_one_line():
     prompt = ids(2, 4)
-    for overrides in (dict(bi_data=True), dict(reuse_len=2)):
-        with pytest.raises(ValueError, match="without bi_data or reuse_len"):
-            scrambled_lm(mem_len=6, **overrides).generate(prompt, cache_implementation="static", max_new_tokens=2)
+    with pytest.raises(ValueError, match="with reuse_len None or >= 3"):
+        scrambled_lm(mem_len=6, reuse_len=2).generate(prompt, cache_implementation="static", max_new_tokens=2)
     model = scrambled_lm(mem_len=6)
     for given in (dict(use_mems=False), dict(mems=model(prompt, use_mems=True).mems)):
         with pytest.raises(ValueError, match="pass no `cache` or `mems` with it"):
@@ -148,5 +147,50 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
         assert_greedy_decodings_agree(
             compiled.sequences, compiled.scores, default.sequences, default.scores, atol=TOLERANCE
         )
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+
+
+# transformers' XLNet tester's reuse_len (15, longer than the prompt), one shorter than the prompt (its steps then
+# rewrite both newest remembered positions), the shortest served (3: a step's two tokens and the dummy), bi_data.
+@pytest.mark.parametrize(
+    "overrides, prompt_length",
+    [(dict(reuse_len=15), 7), (dict(reuse_len=4), 9), (dict(reuse_len=3, attn_type="uni", same_length=True), 8),
+     (dict(bi_data=True), 6), (dict(bi_data=True, reuse_len=4), 9)],
+)  # fmt: skip
+def test_reuse_len_and_bi_data_equal_the_default_cache(overrides, prompt_length):
+    default, static = generate_both(scrambled_lm(mem_len=6, **overrides), ids(2, prompt_length), max_new_tokens=12)
+    assert_same(default, static)
+
+
+def test_the_caches_are_what_transformers_tests_check():
+    """transformers' generation tests (test_generate_with_static_cache, ..._compile_model_forward_fullgraph): the
+    static cache is a compileable `StaticCache`, not a `DynamicCache`, one layer per model layer, keys [B, H,
+    generate()'s cache length, D] up to mem_len slots; the default cache is a `DynamicCache`, not compileable."""
+    for mem_len, new_tokens in ((30, 4), (6, 20)):
+        model = scrambled_lm(mem_len=mem_len, reuse_len=15)
+        default, static = generate_both(model, ids(2, 5), max_new_tokens=new_tokens)
+        assert isinstance(default.cache, DynamicCache) and not default.cache.is_compileable
+        cache, config = static.cache, model.config
+        assert isinstance(cache, StaticCache) and not isinstance(cache, DynamicCache) and cache.is_compileable
+        slots = min(5 + new_tokens - 1, mem_len)
+        assert len(cache) == config.n_layer and cache.get_max_length() == slots
+        assert [layer.keys.shape for layer in cache.layers] == [(2, config.n_head, slots, config.d_head)] * 2
+
+
+def test_a_shorter_generation_reuses_the_compiled_step():
+    """transformers' test_static_cache_no_recompile_with_smaller_length, with its XLNet tester's reuse_len: the
+    slots follow generate()'s cache length, never fewer than the last call's, so a shorter call runs the same graph."""
+    from torch._dynamo.utils import counters
+
+    model = scrambled_lm(mem_len=30, reuse_len=15)
+    config = CompileConfig(fullgraph=True, dynamic=False, backend="eager")  # (dynamo counts the graphs)
+    config._compile_all_devices = True
+    torch._dynamo.reset()
+    counters.clear()
+    for new_tokens in (5, 2):
+        out = model.generate(ids(2, 7), do_sample=False, max_new_tokens=new_tokens, cache_implementation="static",
+                             compile_config=config, pad_token_id=PAD, return_dict_in_generate=True)  # fmt: skip
+        assert out.cache.get_max_length() == 7 + 5 - 1
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])

@@ -15,7 +15,8 @@ What it found, and which of transformers' tests do not apply to these models and
 
 The sdist's `tests/` holds `test_modeling_common.py` but neither `generation/test_utils.py` nor
 `exporters/test_export.py`: missing ones are replaced by empty mixins, and the generation tests are then skipped. A
-git checkout of transformers at the same version's tag has them all.
+git checkout of transformers has them: copy its `tests/generation` and `tests/exporters` into the unpacked folder
+(and, where `generation/test_utils.py` imports `tests.exporters`, make that import relative, `..exporters`).
 """
 
 import inspect
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import StaticCache
 
 from transformers.models.auto import modeling_auto as auto
 
@@ -118,6 +120,27 @@ class _OurModelsTest(common.ModelTesterMixin, GenerationTesterMixin):
     test_flex_attention_with_grads_here = inspect.unwrap(common.ModelTesterMixin.test_flex_attention_with_grads)
     test_torch_compile_for_training_here = inspect.unwrap(common.ModelTesterMixin.test_torch_compile_for_training)
 
+    def _check_past_key_values_for_generate(self, batch_size, past_key_values, seq_length, config):
+        """The memory holds the newest positions only, as many as the cache's `get_max_length()` (the default cache's
+        mem_len, the static cache's slots): transformers expects every position of the generation."""
+        capacity = past_key_values.get_max_length()
+        super()._check_past_key_values_for_generate(batch_size, past_key_values, min(seq_length, capacity), config)
+
+    def _check_attentions_for_generate(
+        self, batch_size, attentions, prompt_length, output_length, config, decoder_past_key_values
+    ):
+        """With the static cache, the prompt runs as with the default cache: its attentions span memory + prompt
+        (transformers expects the slots, as its StaticCache's prefill attends to them all)."""
+        cache = decoder_past_key_values
+        if not isinstance(cache, StaticCache):
+            return super()._check_attentions_for_generate(
+                batch_size, attentions, prompt_length, output_length, config, cache
+            )
+        self.assertEqual(len(attentions), output_length - prompt_length)
+        for generated_length, step in enumerate(attentions):
+            shape = (prompt_length, prompt_length) if generated_length == 0 else (1, cache.get_max_length())
+            self.assertEqual([tuple(layer.shape) for layer in step], [(batch_size, config.n_head, *shape)] * len(step))
+
 
 # transformers' tests pick labels and skip base models by looking up its own name mappings, which lost Transformer-XL
 # in v5: give them back the entries transformers 4.x had.
@@ -140,6 +163,37 @@ class XLNetCommonTest(_OurModelsTest, unittest.TestCase):
         ours.XLNetModel, ours.XLNetLMHeadModel, ours.XLNetForSequenceClassification, ours.XLNetForTokenClassification,
         ours.XLNetForMultipleChoice, ours.XLNetForQuestionAnsweringSimple, ours.XLNetForQuestionAnswering,
     )  # fmt: skip
+
+    def prepare_config_and_inputs_for_generate(self, batch_size=2):
+        """As transformers' XLNet tester: the prompt's ids only (segment ids and `predict_next_token` exclude each
+        other) and its reuse_len of 15."""
+        config, inputs = super().prepare_config_and_inputs_for_generate(batch_size)
+        config.reuse_len = 15
+        return config, {"input_ids": inputs["input_ids"]}
+
+    def _check_hidden_states_for_generate(
+        self, batch_size, hidden_states, prompt_length, output_length, config, use_cache=False
+    ):
+        """Our XLNet's generation (docs/generation.md), no dummy token: the prompt, then with the memory its last two
+        tokens again; per layer the content stream's states, then the query stream's (the next position)."""
+        self.assertEqual(len(hidden_states), output_length - prompt_length)
+        for generated_length, step in enumerate(hidden_states):
+            rows = 2 if generated_length else prompt_length
+            expected = [(batch_size, rows, config.d_model), (batch_size, 1, config.d_model)] * (config.n_layer + 1)
+            self.assertEqual([tuple(states.shape) for states in step], expected)
+
+    def _check_attentions_for_generate(
+        self, batch_size, attentions, prompt_length, output_length, config, decoder_past_key_values
+    ):
+        """As the hidden states, each layer's (content, query stream) attentions, over the memory and the tokens fed
+        (after the prompt: a static cache's slots, `get_max_length()`)."""
+        self.assertEqual(len(attentions), output_length - prompt_length)
+        for generated_length, step in enumerate(attentions):
+            rows, keys = (2, prompt_length + generated_length) if generated_length else (prompt_length, prompt_length)
+            if generated_length and isinstance(decoder_past_key_values, StaticCache):
+                keys = decoder_past_key_values.get_max_length()
+            expected = [((batch_size, config.n_head, rows, keys), (batch_size, config.n_head, 1, keys))] * len(step)
+            self.assertEqual([tuple(tuple(probs.shape) for probs in layer) for layer in step], expected)
 
     @classmethod
     def setUpClass(cls):
