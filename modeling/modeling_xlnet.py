@@ -21,7 +21,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.xlnet.modeling_xlnet import (  # the heads' outputs: transformers' own classes
     XLNetForMultipleChoiceOutput,
     XLNetForQuestionAnsweringOutput,
@@ -48,13 +48,16 @@ from .input_checks import (
 )
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
+    ALL_ATTENTION_FUNCTIONS,
+    attention_implementation,
     causal_memory_mask,
     cross_entropy,
     distance_scores,
     eager_attention_forward,
     mask_scores_,
+    flex_mask,
+    pad_to_block,
     relative_shift,
-    score_bias_arguments,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -160,38 +163,50 @@ class XLNetRelativeAttention(nn.Module):
         shift offset q, or 0 for one query just after the keys. A static cache's step: `slot_columns`."""
         dtype = query.dtype
         offset = query.shape[2] if offset is None else offset
+        dropout = self.attention_dropout if self.training else 0.0
+        implementation = attention_implementation(self.config, output_attentions, dropout, query.device)
+        flex = implementation == "flex_attention"
+        pad = pad_to_block if flex and slot_columns is None else lambda x: x  # (flex's rounded lengths)
         # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
-        position_query = (query + self.r_r_bias[:, None].to(dtype)) * self.scale
+        position_query = pad((query + self.r_r_bias[:, None].to(dtype)) * self.scale)
+        position_keys = pad(position_keys)
         if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
             scores = distance_scores(position_query, position_keys)
-        # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
-        if slot_columns is None:
-            position_bias = relative_shift(scores, key.shape[2], offset)
-        else:  # (the slots are in ring order, not in distance order: a gather replaces the shift)
-            position_bias = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1))
+        segment_scores = None
         if segment_mismatch is not None:
             # (q_i + b)^T s_ij with s_ij = seg_embed[0] inside a segment, seg_embed[1] across segments.
             segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
             segment_scores = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
-            mismatch = segment_mismatch[:, None]
-            position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
-        if mask is not None and mask.is_floating_point():  # (additive: a static cache's step, see `_slot_masks`)
-            position_bias.add_(mask)
-        elif mask is not None:  # True where query i may not see key j
-            mask_scores_(position_bias, mask)
-        implementation = "eager" if output_attentions else self.config._attn_implementation
+        if slot_columns is not None:  # (the slots are in ring order, not in distance order: a gather replaces the shift)
+            scores, offset = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1)), None
+            if flex:  # (with its additive mask, see `_slot_masks`)
+                scores, mask = pad_to_block(pad_to_block(scores + mask), -1), None
+        if flex:  # every term read per distance (or slot) in flex's score_mod
+            bias = dict(position_scores=scores, shift_offset=offset, segment_scores=segment_scores,
+                        segment_mismatch=segment_mismatch)  # fmt: skip
+        else:  # every term but (a) + (c), written into the shifted scores (a view of their own fresh tensor)
+            position_bias = scores if slot_columns is not None else relative_shift(scores, key.shape[2], offset)
+            if segment_scores is not None:
+                mismatch = segment_mismatch[:, None]
+                position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
+            if mask is not None and mask.is_floating_point():  # (additive: a static cache's step, see `_slot_masks`)
+                position_bias.add_(mask)
+            elif mask is not None:  # True where query i may not see key j
+                mask_scores_(position_bias, mask)
+            bias, mask = {}, position_bias
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return attention_interface(
             self,
             query + self.r_w_bias[:, None].to(dtype),  # (q + u): `query @ key` is terms (a) + (c)
             key,
             value,
-            dropout=self.attention_dropout if self.training else 0.0,
+            mask,  # eager, sdpa: the other terms, masked (additive); flex: a FlexMask or None
+            dropout=dropout,
             scaling=self.scale,
             is_causal=False,
-            **score_bias_arguments(implementation, position_bias, query.shape[0], self.n_head),  # the rest, the mask
+            **bias,
         )
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -768,6 +783,12 @@ class XLNetModel(XLNetPreTrainedModel):
             # positions count as segment 0, as in the original code.
             key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
             segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
+        flex = attention_implementation(self.config, output_attentions, self.dropout.p * self.training, device)
+        if flex == "flex_attention" and not stepping:  # (once for every layer; predict_next_token's per call)
+            if not predict_next_token:
+                content_mask = flex_mask(content_mask, query_length, key_length, device)
+            if target_mapping is not None:
+                query_mask = flex_mask(query_mask, query_length, key_length, device)
         position_embeddings = []  # (filled by `_position_keys` when reused)
         if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0

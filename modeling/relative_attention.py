@@ -9,8 +9,12 @@ Dai et al. (2019), Sec. 3.3: for a query i and a key j the attention score is
 (a)+(c) is `q + u` against the keys; (b)+(d), per distance, shifted to (query, key) pairs (App. B), and the mask
 are one additive score bias for every attention implementation (`score_bias_arguments`)."""
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from transformers.modeling_utils import AttentionInterface
 
 
 def sinusoid_inverse_frequencies(dim: int, device=None) -> torch.Tensor:
@@ -64,34 +68,111 @@ def eager_attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor,
     scaling: float,
     dropout: float = 0.0,
-    position_bias: torch.Tensor | None = None,
     **kwargs,
 ):
-    """Relative attention written out, the reference "sdpa" and "flex_attention" match, in transformers' attention
-    interface convention: query [B, H, q, D] holds the content bias (`q + u`, so `query @ key` is (a)+(c)); key, value
-    [B, H, k, D]; attention_mask or position_bias [B|1, H|1, q, k]: every other term, scaled, with the dtype's lowest
-    value where query i may not attend key j. Returns (output [B, q, H, D], probabilities [B, H, q, k])."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (a) + (c), scaled
-    for bias in (attention_mask, position_bias):
-        if bias is not None:
-            scores = scores + bias  # + (b) + (d) [+ segment term], and the mask
+    """Relative attention written out, the reference, in transformers' attention interface convention: query
+    [B, H, q, D] holds the content bias (`q + u`, so `query @ key` is (a)+(c)); key, value [B, H, k, D];
+    attention_mask [B|1, H|1, q, k]: every other term, scaled, with the dtype's lowest value where query i may not
+    attend key j. Returns (output [B, q, H, D], probabilities [B, H, q, k])."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling + attention_mask  # + (b) + (d) [+ segment], masked
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
-def score_bias_arguments(implementation: str, bias: torch.Tensor, batch_size: int, num_heads: int) -> dict:
-    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments: eager and sdpa
-    take it as a float `attention_mask` (a strided bias stays a view); flex_attention adds `position_bias[b, h, q, kv]`
-    in its score_mod, so it gets every row and head, contiguous (torch's CPU flex kernel misreads a strided bias once
-    its shapes are dynamic)."""
-    if implementation == "flex_attention":
-        full = bias.expand(batch_size, num_heads, *bias.shape[-2:]).contiguous()
-        return {"attention_mask": None, "position_bias": full}
-    return {"attention_mask": bias, "position_bias": None}
+def attention_implementation(config, output_attentions: bool, dropout: float, device) -> str:
+    """The implementation a call uses: "eager" when it returns the probabilities; "sdpa" for "flex_attention" with
+    attention dropout or, on CPU, with gradients on (torch has no CPU flex backward)."""
+    name = "eager" if output_attentions else config._attn_implementation
+    if name == "flex_attention" and (dropout > 0 or device.type == "cpu" and torch.is_grad_enabled()):
+        return "sdpa"
+    return name
+
+
+FLEX_BLOCK = 128  # flex_attention's block: its lengths are rounded up to it, one compiled kernel per rounded shape
+
+
+def pad_to_block(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """`x` with zeros after its last index along `dim` (-2 or -1) up to a multiple of FLEX_BLOCK."""
+    extra = -x.shape[dim] % FLEX_BLOCK
+    return F.pad(x, (0, 0) * (-1 - dim) + (0, extra)) if extra else x
+
+
+class FlexMask(NamedTuple):
+    """A [B|1, 1, q, k] boolean mask for flex_attention: `block_mask` over lengths rounded up to FLEX_BLOCK (fully
+    masked blocks are skipped), `empty_rows` [B|1, 1, q, 1] the queries that may attend no key (None: none)."""
+
+    block_mask: BlockMask
+    empty_rows: torch.Tensor | None
+
+
+def flex_mask(mask: torch.Tensor | None, query_length: int, key_length: int, device) -> FlexMask:
+    """`mask` (True = may not attend; None: nothing masked) as a FlexMask, built once per forward for all layers."""
+    if mask is None:
+        mask = torch.zeros(1, 1, query_length, key_length, dtype=torch.bool, device=device)
+    allowed = pad_to_block(pad_to_block(~mask[:, 0], -1))  # (padding: masked)
+    batch = allowed.shape[0]
+    block_mask = create_block_mask(
+        lambda b, h, i, j: allowed[b if batch > 1 else 0, i, j], batch if batch > 1 else None, None,
+        allowed.shape[1], allowed.shape[2], device=device, BLOCK_SIZE=FLEX_BLOCK,
+    )
+    return FlexMask(block_mask, mask.all(-1, keepdim=True) if mask.shape[-2] else None)
+
+
+_compiled_flex_attention = None  # (compiled at its first use, for every model of the process)
+
+
+def flex_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: FlexMask | torch.Tensor | None,
+    scaling: float,
+    position_scores: torch.Tensor | None = None,
+    shift_offset: int | None = None,
+    segment_scores: torch.Tensor | None = None,
+    segment_mismatch: torch.Tensor | None = None,
+    **kwargs,
+):
+    """`eager_attention_forward` fused by torch's compiled flex_attention: the score_mod reads the position scores
+    per distance, `position_scores` [B, H, q', R'] (q and R rounded up, `pad_to_block`), at `out[i, j] = scores[i,
+    j + shift_offset - i]` (`relative_shift`; None: unshifted), plus (q_i + b)^T s_ij from `segment_scores` [B, H,
+    q, 2] and `segment_mismatch` [B, q, k]; the mask is a FlexMask. No [B, H, q, k] tensor is
+    written; a query that may attend no key gets the values' mean, as eager's lowest-value fill gives it."""
+    global _compiled_flex_attention
+    length, key_length = query.shape[2], key.shape[2]
+    if not isinstance(attention_mask, FlexMask):
+        attention_mask = flex_mask(attention_mask, length, key_length, query.device)
+    query, key, value = pad_to_block(query), pad_to_block(key), pad_to_block(value)
+    if position_scores is not None:
+        step = position_scores.shape[-1] - (shift_offset is not None)  # (row i starts at offset + i step)
+        flat = position_scores.flatten(-2)
+        offset = torch.full((), shift_offset or 0, device=query.device)  # (a tensor: lengths do not recompile)
+    if segment_scores is not None:
+        segment_scores, segment_mismatch = pad_to_block(segment_scores), pad_to_block(pad_to_block(segment_mismatch), -1)
+
+    def score_mod(score, b, h, i, j):
+        if position_scores is not None:
+            score = score + flat[b, h, (offset + i * step + j).clamp(max=flat.shape[-1] - 1)]
+        if segment_scores is not None:  # (the padded keys' reads are masked)
+            score = score + segment_scores[b, h, i, segment_mismatch[b, i, j].long()]
+        return score
+
+    if _compiled_flex_attention is None and not torch.compiler.is_compiling():
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention
+    output = attend(query, key, value, score_mod, attention_mask.block_mask, scale=scaling)[:, :, :length]
+    if attention_mask.empty_rows is not None:
+        output = torch.where(attention_mask.empty_rows, value[:, :, :key_length].mean(-2, keepdim=True), output)
+    return output.transpose(1, 2).contiguous(), None
+
+# transformers' attention functions, with `flex_attention_forward` for "flex_attention" in this instance only
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention_forward
 
 
 def causal_memory_mask(
