@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import transformers_xl.modeling.modeling_xlnet as ours
 from host_syncs import HostSyncCounter
 from test_attention_transfo_xl import assert_gradients_reach_hidden_states_and_attentions
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+from transformers_xl.modeling.relative_attention import ALL_ATTENTION_FUNCTIONS
 
 IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
 VOCAB = 99
