@@ -93,13 +93,13 @@ def flex_mask(mask: torch.Tensor | None, query_length: int, key_length: int, dev
     empty_rows = None if mask is None else mask.all(-1, keepdim=True)
     if mask is None:
         mask = torch.zeros(1, 1, query_length, key_length, dtype=torch.bool, device=device)
-    allowed = pad_to_block(pad_to_block(~mask[:, 0], -1))  # (the padding is masked)
+    allowed = pad_to_block(pad_to_block(~mask[:, 0], -1))  # (padding: masked)
     batch = allowed.shape[0] if allowed.shape[0] > 1 else None
     mask_mod = lambda b, h, i, j: allowed[b if batch else 0, i, j]  # noqa: E731
     return FlexMask(create_block_mask(mask_mod, batch, None, *allowed.shape[1:], device=device), empty_rows)
 
 
-_compiled_flex_attention = None  # (compiled at its first use)
+_compiled_flex_attention = None  # (compiled at first use)
 
 
 def flex_attention_forward(module, query, key, value, attention_mask: FlexMask | torch.Tensor | None, scaling: float,
