@@ -167,7 +167,7 @@ class XLNetRelativeAttention(nn.Module):
         if slot_columns is not None:  # (ring order: a gather, not the shift; `_slot_masks`'s additive mask)
             scores, offset = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1)).add_(mask), None
             scores, mask = pad_to_block(pad_to_block(scores), -1) if flex else scores, None
-        if flex:  # every term read in flex's score_mod
+        if flex:  # every term read in the score_mod
             bias = dict(position_scores=scores, shift_offset=offset, segment_scores=segment,
                         segment_mismatch=segment_mismatch)  # fmt: skip
         else:  # every term but (a) + (c), written into the shifted scores (a view)
@@ -178,7 +178,7 @@ class XLNetRelativeAttention(nn.Module):
                 mask_scores_(position_bias, mask)
             bias, mask = {}, position_bias
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        # ((q + u) @ key: terms (a) + (c); mask: eager's and sdpa's other terms, flex's FlexMask or None)
+        # ((q + u) @ key: terms (a) + (c); mask: eager's / sdpa's other terms, flex's FlexMask or None)
         return attention_interface(self, query + self.r_w_bias[:, None].to(dtype), key, value, mask, dropout=dropout,
                                    scaling=self.scale, is_causal=False, **bias)  # fmt: skip
 
@@ -491,7 +491,7 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        # The memory is the legacy `mems` tuple, not a transformers Cache (see generation notes): never DynamicCache.
+        # The memory is the legacy `mems` tuple, not a transformers Cache: never DynamicCache.
         return False
 
     def _init_weights(self, module):

@@ -29,8 +29,8 @@ def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) 
     `offset` on (App. B). Entries outside 0 ... R-1 are masked keys'; none shares an element (write masks in place)."""
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
-        raise ValueError(f"relative_shift: expected key_length {key_length} < distances {distances}, 0 <= offset "
-                         f"{offset} <= queries {length}.")  # fmt: skip
+        raise ValueError(f"relative_shift: {key_length} keys, {distances} distances, offset {offset}, {length} queries; "
+                         "expected key_length < distances and 0 <= offset <= queries.")  # fmt: skip
     flat = position_scores.flatten(-2)  # [..., q R] (a view where each [q, R] block is contiguous)
     rows = flat[..., offset : offset + length * (distances - 1)].unflatten(-1, (length, distances - 1))
     return rows[..., :key_length]  # row i starts at offset + i (R - 1) = i R + (offset - i)
@@ -113,14 +113,14 @@ def flex_attention_forward(module, query, key, value, attention_mask: FlexMask |
         attention_mask = flex_mask(attention_mask, length, key_length, query.device)
     query, key, value = pad_to_block(query), pad_to_block(key), pad_to_block(value)
     if position_scores is not None:
-        step = position_scores.shape[-1] - (shift_offset is not None)  # (row i starts at offset + i step)
+        step = position_scores.shape[-1] - (shift_offset is not None)  # (row i: from offset + i step)
         flat, offset = position_scores.flatten(-2), torch.full((), shift_offset or 0, device=query.device)
     if segment_scores is not None:
         segment_mismatch = pad_to_block(pad_to_block(segment_mismatch), -1)
         segment_scores = pad_to_block(segment_scores)
 
     def score_mod(score, b, h, i, j):
-        if position_scores is not None:  # (offset: a tensor, no recompilation)
+        if position_scores is not None:  # (offset: a tensor, not recompiled)
             score = score + flat[b, h, (offset + i * step + j).clamp(max=flat.shape[-1] - 1)]
         if segment_scores is not None:
             score = score + segment_scores[b, h, i, segment_mismatch[b, i, j].long()]
