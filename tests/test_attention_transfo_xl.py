@@ -166,3 +166,16 @@ def test_flex_attention_compiles_once_across_lengths_memories_and_grad_modes(mon
         flex.eval()
     assert counters["stats"]["unique_graphs"] == 1
     assert used.count("sdpa") == 2 * flex.config.n_layer and used.count("flex_attention") == 4 * flex.config.n_layer
+
+
+def test_flex_masks_are_built_without_a_host_sync():
+    """The BlockMask of a causal, padded mask over [memory; segment] (built once per forward) makes no host sync."""
+    from host_syncs import HostSyncCounter
+
+    from transformers_xl.modeling.relative_attention import causal_memory_mask, flex_mask
+
+    mask = causal_memory_mask(5, 7)[None, None] | torch.tensor([[False] * 11 + [True], [True] + [False] * 11])[:, None, None]
+    with HostSyncCounter() as syncs:
+        flex = flex_mask(mask, 5, 12, "cpu")
+    assert syncs.ops == []
+    assert flex.block_mask.shape[-2:] == (128, 128) and flex.empty_rows.shape == (2, 1, 5, 1)
