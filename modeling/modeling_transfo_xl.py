@@ -18,20 +18,22 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel, StopStringCriteria
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
+    ALL_ATTENTION_FUNCTIONS,
+    attention_implementation,
     causal_memory_mask,
     cross_entropy,
     distance_scores,
     eager_attention_forward,
     mask_scores_,
+    flex_mask,
+    pad_to_block,
     relative_shift,
-    score_bias_arguments,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -351,23 +353,22 @@ class TransfoXLAttention(nn.Module):
         keys = self.r_net(position_embedding) * self.scale
         return keys.view(-1, self.n_head, self.d_head).transpose(0, 1)
 
-    def _position_scores(self, query, key_length, position_keys, r_r_bias):
-        """Terms (b)+(d), scaled by 1/sqrt(D), per (query, key): [B, H, q, k] (None for absolute types). Unshifted rows
-        list distances k-1 ... -1 (or lower: -1 on is read only by masked keys); key j of query i is at distance
-        (k - q + i) - j, hence the shift offset q - 1."""
-        offset = query.shape[2] - 1
+    def _position_scores(self, query, key_length, position_keys, r_r_bias, pad):
+        """Terms (b)+(d), scaled by 1/sqrt(D), per distance: [B, H, q, R] over distances k-1 ... -1 (or lower: -1 on
+        is read only by masked keys), None for absolute types; key j of query i is at distance (k - q + i) - j, hence
+        the shift offset q - 1. `pad`: q and R rounded up for flex_attention (`pad_to_block`)."""
         if self.attn_type == 0:
             position_query = query + r_r_bias[:, None, :].to(query.dtype)  # (q + v)
-            return relative_shift(distance_scores(position_query, position_keys.to(query.dtype)), key_length, offset)
+            return distance_scores(pad(position_query), pad(position_keys.to(query.dtype)))
         if self.attn_type == 1:
             r_emb, r_bias = self.r_emb, self.r_bias
             if key_length > r_emb.shape[0]:  # distances beyond the table reuse its farthest entry
-                pad = key_length - r_emb.shape[0]
-                r_emb = torch.cat([r_emb[:1].expand(pad, -1, -1), r_emb])
-                r_bias = torch.cat([r_bias[:1].expand(pad, -1), r_bias])
+                extra = key_length - r_emb.shape[0]
+                r_emb = torch.cat([r_emb[:1].expand(extra, -1, -1), r_emb])
+                r_bias = torch.cat([r_bias[:1].expand(extra, -1), r_bias])
             r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
             scores = torch.matmul(query, r_emb.permute(1, 2, 0).to(query.dtype)) + r_bias.t()[:, None, :]
-            return relative_shift(F.pad(scores * self.scale, (0, 1)), key_length, offset)
+            return pad(pad(F.pad(scores * self.scale, (0, 1))), -1)
         return None
 
     def _slot_position_scores(self, query, position_keys, slot_distances, r_r_bias):
@@ -404,27 +405,38 @@ class TransfoXLAttention(nn.Module):
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
-        # Every score term but (a)+(c), the mask written into them (the shifted scores: a view, no copy)
-        if slot_distances is not None:
+        dropout = self.dropatt if self.training else 0.0
+        implementation = attention_implementation(self.config, output_attentions, dropout, hidden.device)
+        flex = implementation == "flex_attention"
+        if slot_distances is not None:  # (scores per key slot: unshifted)
             position_scores = self._slot_position_scores(query, position_keys, slot_distances, r_r_bias)
+            if flex:
+                position_scores = pad_to_block(pad_to_block(position_scores), -1)
         else:
-            position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias)
-        if position_scores is None:
-            position_scores = query.new_zeros(mask.shape)
-        position_bias = mask_scores_(position_scores, mask)
+            pad = pad_to_block if flex else lambda x, dim=-2: x
+            position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias, pad)
+        if flex:  # the position scores read per distance in flex's score_mod
+            offset = None if slot_distances is not None or position_scores is None else query_length - 1
+            bias = {"position_scores": position_scores, "shift_offset": offset}
+        else:  # every score term but (a)+(c), the mask written into them (the shifted scores: a view, no copy)
+            if position_scores is None:
+                position_scores = query.new_zeros(mask.shape)
+            elif slot_distances is None:
+                position_scores = relative_shift(position_scores, key.shape[2], query_length - 1)
+            bias, mask = {}, mask_scores_(position_scores, mask)
         content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
 
-        implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         attention, probs = attention_interface(
             self,
             content_query,  # `content_query @ key` is terms (a)+(c)
             key,
             value,
-            dropout=self.dropatt if self.training else 0.0,
+            mask,  # eager, sdpa: the other terms, masked (additive); flex: a FlexMask
+            dropout=dropout,
             scaling=self.scale,
             is_causal=False,
-            **score_bias_arguments(implementation, position_bias, batch_size, self.n_head),  # the rest, and the mask
+            **bias,
         )
         output = self.drop(self.o_net(attention.reshape(batch_size, query_length, -1)))
         output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)
@@ -713,6 +725,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             memory_length = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
             key_length = memory_length + query_length
             mask = self._attention_mask(query_length, memory_length, attention_mask, device)
+        dropout = config.dropatt if self.training else 0.0
+        if attention_implementation(config, output_attentions, dropout, device) == "flex_attention":
+            mask = flex_mask(mask, *mask.shape[-2:], device)  # (once for every layer)
         if input_ids is not None:
             inputs_embeds = self.word_emb(input_ids)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None

@@ -1,14 +1,9 @@
-"""XLNet (Yang et al. 2019): Transformer-XL's recurrence and relative attention (Dai et al. 2019, Sec. 3.2-3.3)
-trained with permutation language modeling. Two streams run through every layer with shared weights (Sec. 2.3):
-
-- the content stream h, from the token embeddings: position z_t sees x_{z<=t} (its own token too);
-- the query stream g, from the learned `mask_emb` w: z_t sees x_{z<t} and its position but not its own token,
-  g_theta(x_{z<t}, z_t) in p(X_{z_t} = x | x_{z<t}) = softmax_x(e(x)^T g_theta).
-
-`perm_mask[b, i, j] = 1`: i may not see j; `target_mapping[b, m, j] = 1`: the m-th prediction is token j. Without
-`target_mapping` there is no query stream. Names, shapes, inputs and outputs (`mems`: one time-major
-[mem_len, batch, d_model] tensor per layer) are transformers' `XLNet*`'s; inside, tensors are batch-first and
-attention goes through transformers' attention interface (see XLNetRelativeAttention)."""
+"""XLNet (Yang et al. 2019): Transformer-XL's recurrence and relative attention trained with permutation language
+modeling. Two streams share every layer's weights (Sec. 2.3): the content stream h (token embeddings; z_t sees
+x_{z<=t}) and the query stream g (from `mask_emb`; z_t sees x_{z<t}, not its own token), p(X_{z_t} = x | x_{z<t}) =
+softmax_x(e(x)^T g). `perm_mask[b, i, j] = 1`: i may not see j; `target_mapping[b, m, j] = 1`: prediction m is token
+j (none: no query stream). Names, inputs and outputs (`mems`: [mem_len, batch, d_model] per layer) are transformers'
+`XLNet*`'s; inside, tensors are batch-first."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +16,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.xlnet.modeling_xlnet import (  # the heads' outputs: transformers' own classes
     XLNetForMultipleChoiceOutput,
     XLNetForQuestionAnsweringOutput,
@@ -48,13 +43,16 @@ from .input_checks import (
 )
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
+    ALL_ATTENTION_FUNCTIONS,
+    attention_implementation,
     causal_memory_mask,
     cross_entropy,
     distance_scores,
     eager_attention_forward,
     mask_scores_,
+    flex_mask,
+    pad_to_block,
     relative_shift,
-    score_bias_arguments,
     sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
@@ -69,8 +67,7 @@ MAX_TOKEN_TYPE_ID = 4
 
 @dataclass
 class XLNetModelOutput(ModelOutput):
-    """`last_hidden_state` [batch, num_predict or seq_len, d_model] (the query stream with `target_mapping`); `mems`:
-    one time-major [mem_len, batch, d_model] tensor per layer."""
+    """`last_hidden_state` [batch, num_predict or seq_len, d_model]; `mems`: [mem_len, batch, d_model] per layer."""
 
     last_hidden_state: torch.Tensor | None = None
     mems: tuple[torch.Tensor, ...] | None = None
@@ -81,7 +78,7 @@ class XLNetModelOutput(ModelOutput):
 
 @dataclass
 class XLNetLMHeadModelOutput(ModelOutput):
-    """`logits` [batch, num_predict or seq_len, vocab_size]; `loss`: cross-entropy against the unshifted `labels`."""
+    """`logits` [batch, num_predict or seq_len, vocab_size]; `loss` against the unshifted `labels`."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -95,17 +92,14 @@ class XLNetLMHeadModelOutput(ModelOutput):
 
 
 class XLNetRelativeAttention(nn.Module):
-    """Two-stream relative multi-head attention with post-attention projection, residual and layer norm.
-
-    For a query i and a key j (Dai et al. Sec. 3.3, with XLNet's segment term, Yang et al. Sec. 2.5):
+    """Two-stream relative attention, output projection, residual and layer norm. For query i and key j (Dai et al.
+    Sec. 3.3; segment term: Yang et al. Sec. 2.5):
 
         score_ij = (q_i + u)^T k_j            (a) + (c): content; u = `r_w_bias`
                  + (q_i + v)^T W_r R_{i-j}    (b) + (d): relative position; v = `r_r_bias`, W_r = `r`
                  + (q_i + b)^T s_ij           segment; b = `r_s_bias`, s_ij = `seg_embed`[0 if same segment else 1]
 
-    (a) + (c) is `q + u` against the keys; the rest, scaled and masked, is one additive score bias for transformers'
-    attention interface (`config._attn_implementation`). Both streams attend to the content stream's keys and values
-    over [memory; segment]. Parameters keep the original [d_model, n_head, d_head] layout."""
+    Both streams attend to the content keys and values over [memory; segment]; parameters [d_model, n_head, d_head]."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -132,8 +126,7 @@ class XLNetRelativeAttention(nn.Module):
         return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
 
     def use_linear_layers(self):
-        """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same
-        products, for quantization tools (quantization.py); not for saving: the names become `q.weight` ..."""
+        """q, k, v, r, o as `nn.Linear` layers of the same products, for quantization tools (not for saving)."""
         for name in ("q", "k", "v", "r", "o"):
             weight = getattr(self, name).detach().flatten(1)
             weight = weight if name == "o" else weight.t()
@@ -147,52 +140,47 @@ class XLNetRelativeAttention(nn.Module):
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d]
-        (forward, backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
+        """W_r R once for the batch: [R, d] -> [H, R, D]; `bi_data`'s [2, R, d] -> [2, 1, H, R, D] (batch halves)."""
         keys = _project(position_embeddings.to(self.r_r_bias), self.r)  # (the layer's dtype and device)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None,
                 slot_columns=None):
-        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or None).
-        Query row i is at distance (k - q + i) - j from key j; the position keys list k ... -q+1 (bi) or k ... 0 (uni):
-        shift offset q, or 0 for one query just after the keys. A static cache's step: `slot_columns`."""
-        dtype = query.dtype
-        offset = query.shape[2] if offset is None else offset
-        # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
-        position_query = (query + self.r_r_bias[:, None].to(dtype)) * self.scale
+        """One stream: query [B, H, q, D] -> ([B, q, H, D], probabilities | None). Position keys k ... -q+1 (bi) or
+        k ... 0 (uni): shift offset q (0: one query after the keys); `slot_columns`: a static step."""
+        dtype, offset = query.dtype, query.shape[2] if offset is None else offset
+        dropout = self.attention_dropout if self.training else 0.0
+        implementation = attention_implementation(self.config, output_attentions, dropout, query.device)
+        flex = implementation == "flex_attention"
+        pad = pad_to_block if flex and slot_columns is None else lambda x: x  # (flex's rounded lengths)
+        # (b) + (d) per distance, scaled
+        position_query, position_keys = pad((query + self.r_r_bias[:, None].to(dtype)) * self.scale), pad(position_keys)
         if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
             scores = distance_scores(position_query, position_keys)
-        # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
-        if slot_columns is None:
-            position_bias = relative_shift(scores, key.shape[2], offset)
-        else:  # (the slots are in ring order, not in distance order: a gather replaces the shift)
-            position_bias = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1))
-        if segment_mismatch is not None:
-            # (q_i + b)^T s_ij with s_ij = seg_embed[0] inside a segment, seg_embed[1] across segments.
+        segment = None
+        if segment_mismatch is not None:  # (q_i + b)^T s_ij: s_ij = seg_embed[0] within a segment, [1] across
             segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
-            segment_scores = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
-            mismatch = segment_mismatch[:, None]
-            position_bias.add_(torch.where(mismatch, segment_scores[..., 1:], segment_scores[..., :1]))
-        if mask is not None and mask.is_floating_point():  # (additive: a static cache's step, see `_slot_masks`)
-            position_bias.add_(mask)
-        elif mask is not None:  # True where query i may not see key j
-            mask_scores_(position_bias, mask)
-        implementation = "eager" if output_attentions else self.config._attn_implementation
+            segment = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
+        if slot_columns is not None:  # (ring order: a gather, not the shift; `_slot_masks`'s additive mask)
+            scores, offset = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1)).add_(mask), None
+            scores, mask = pad_to_block(pad_to_block(scores), -1) if flex else scores, None
+        if flex:  # every term read in the score_mod
+            bias = dict(position_scores=scores, shift_offset=offset, segment_scores=segment,
+                        segment_mismatch=segment_mismatch)  # fmt: skip
+        else:  # every term but (a) + (c), written into the shifted scores (a view)
+            position_bias = scores if offset is None else relative_shift(scores, key.shape[2], offset)
+            if segment is not None:
+                position_bias.add_(torch.where(segment_mismatch[:, None], segment[..., 1:], segment[..., :1]))
+            if mask is not None:  # True where query i may not see key j
+                mask_scores_(position_bias, mask)
+            bias, mask = {}, position_bias
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        return attention_interface(
-            self,
-            query + self.r_w_bias[:, None].to(dtype),  # (q + u): `query @ key` is terms (a) + (c)
-            key,
-            value,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scale,
-            is_causal=False,
-            **score_bias_arguments(implementation, position_bias, query.shape[0], self.n_head),  # the rest, the mask
-        )
+        # ((q + u) @ key: terms (a) + (c); mask: eager's / sdpa's other terms, flex's FlexMask or None)
+        return attention_interface(self, query + self.r_w_bias[:, None].to(dtype), key, value, mask, dropout=dropout,
+                                   scaling=self.scale, is_causal=False, **bias)  # fmt: skip
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Output projection o ([B, L, H * D] -> [B, L, d]), dropout, residual and post layer norm."""
@@ -215,17 +203,16 @@ class XLNetRelativeAttention(nn.Module):
         query_after_content: bool = False,
         slot_columns: torch.Tensor | None = None,
     ):
-        """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
-        `cached_memory`: a cache layer whose memory keys and values are reused and extended. `update_content=False`
-        skips the content stream (a last layer's, which nothing reads); `query_after_content`: one query row right after
-        the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row)."""
+        """-> (content | None, query | None, probabilities, (keys, values)). `cached_memory`: reused memory keys and
+        values; `update_content=False`: no content stream; `query_after_content`: one query row after the segment;
+        `slot_columns`: a static step (`query_mask` covers every row)."""
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
             memory = None if memory is None else memory.to(content.dtype)
             key, value = key_values_over(memory, *self.project_keys_values(content), self.project_keys_values)
 
-        # Both streams share the projections: the rows of h and g go through q and o together.
+        # The rows of h and g go through q and o together.
         update_content = update_content or query_stream is None
         streams = [stream for stream in (content if update_content else None, query_stream) if stream is not None]
         rows = torch.cat(streams, dim=1) if len(streams) > 1 else streams[0]
@@ -236,8 +223,8 @@ class XLNetRelativeAttention(nn.Module):
         if query_after_content and (
             slot_columns is not None or content_mask is None and query_mask is None and segment_mismatch is None
         ):
-            # Next-token prediction with one mask (or none) for all rows: the query row sits where one more content
-            # row would (shift offset `length` for all), so one attention call serves both streams.
+            # Next-token prediction with one mask (or none): the query row sits where one more content row would
+            # (shift offset `length`): one call serves both streams.
             if slot_columns is not None:  # (the last layer may update the query row only)
                 slot_columns, query_mask = slot_columns[-queries.shape[2] :], query_mask[:, :, -queries.shape[2] :]
             attention, probs = self._attend(queries, key, value, position_keys, query_mask, None, output_attentions,
@@ -254,9 +241,8 @@ class XLNetRelativeAttention(nn.Module):
                 )
                 attentions.append(attention)
             if query_stream is not None:
-                # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
-                # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
-                # relative positions are those of the targets), and gathered back.
+                # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]), the predictions scattered to
+                # their positions (target_mapping^T), attended there, and gathered back.
                 query = queries[:, :, length:]
                 if target_mapping is not None:
                     query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
@@ -280,14 +266,12 @@ class XLNetRelativeAttention(nn.Module):
 
 
 def _project(x: torch.Tensor, projection) -> torch.Tensor:
-    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W), or the layer
-    `use_linear_layers` put in its place."""
+    """x W for a parameter [d_model, H, D] (the original layout), or the layer `use_linear_layers` put there."""
     return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
 
 
 class RecomputedActivation(torch.autograd.Function):
-    """`F.linear(dropout(activation(inner)), weight, bias)` keeping `inner` (and a dropout's boolean mask), not the
-    activation, for the backward: as selective checkpointing, without its per-call overhead (docs/benchmarks.md)."""
+    """`F.linear(dropout(activation(inner)), weight, bias)` saving `inner` (and dropout's mask), not the activation."""
 
     @staticmethod
     def forward(ctx, inner, weight, bias, activation, p: float):
@@ -313,7 +297,7 @@ class RecomputedActivation(torch.autograd.Function):
 
 
 class XLNetFeedForward(nn.Module):
-    """Position-wise feed-forward with residual and post layer norm, applied to both streams with shared weights."""
+    """Position-wise feed-forward, residual and post layer norm, for both streams."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -392,8 +376,7 @@ class XLNetLayer(GradientCheckpointingLayer):
 
 
 def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.Tensor:
-    """Push positions with p_mask = 1 (question, special tokens, padding) to -1e30 (-65500 in fp16), like the
-    original code."""
+    """Positions with p_mask = 1 pushed to -1e30 (-65500 in fp16), as the original."""
     if p_mask is None:
         return logits
     p_mask = p_mask.to(logits.dtype)
@@ -413,7 +396,7 @@ class XLNetPoolerStartLogits(nn.Module):
 
 
 class XLNetPoolerEndLogits(nn.Module):
-    """Span-end logits conditioned on the start: dense(tanh(dense([h_j; h_start]))) with a layer norm in between."""
+    """Span-end logits given the start: dense(layer_norm(tanh(dense([h_j; h_start]))))."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -456,8 +439,8 @@ class XLNetPoolerAnswerClass(nn.Module):
 
 
 class XLNetSequenceSummary(nn.Module):
-    """One vector per sequence (`summary_type`: last / first / mean / cls_index), projected and activated. XLNet's CLS
-    is LAST: with right padding "last" reads a pad, so pad on the left (the tokenizer's default)."""
+    """One vector per sequence (`summary_type`: last / first / mean / cls_index), projected and activated (CLS is
+    last: pad on the left)."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -508,7 +491,7 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        # The memory is the legacy `mems` tuple, not a transformers Cache (see generation notes): never DynamicCache.
+        # The memory is the legacy `mems` tuple, not a transformers Cache: never DynamicCache.
         return False
 
     def _init_weights(self, module):
@@ -524,8 +507,7 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
 
 def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
-    """The loss averaged over this batch's targets (-100 does not count), or summed over Trainer's
-    `num_items_in_batch` (gradient accumulation). No target gives 0, not NaN; the count stays a tensor (no sync)."""
+    """The loss averaged over the targets (not -100), or summed over Trainer's `num_items_in_batch`; no target: 0."""
     if num_items_in_batch is None:
         if targets.is_floating_point():  # regression, multi-label: every value is a target
             return loss_fn(inputs, targets, reduction="mean")
@@ -537,8 +519,8 @@ def _loss_sum_or_mean(loss_fn, inputs, targets, num_items_in_batch):
 
 
 def _output_positions(input_ids, inputs_embeds, target_mapping):
-    """(batch_size, positions, described, origin) of the base model's output, before the forward pass: one position
-    per prediction with `target_mapping`, else per token; None for inputs of the wrong rank (the model reports them)."""
+    """(batch_size, positions, described, origin) of the base model's output: one position per prediction with
+    `target_mapping`, else per token; None for inputs of the wrong rank."""
     shape = inputs_shape(input_ids, inputs_embeds)
     if shape is None or (target_mapping is not None and target_mapping.dim() != 3):
         return None
@@ -616,8 +598,7 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- memory: the one place that reads and writes `mems` -----
 
     def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
-        """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table
-        (`position_embeddings`: the encodings made for it in this forward, a list)."""
+        """Layer `layer_idx`'s W_r R; with a reusable cache, sliced from its table."""
         attention = self.layer[layer_idx].rel_attn
         if cache is None:
             return attention.project_positions(position_embeddings)
@@ -635,8 +616,8 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
-        """fp32 sinusoid encodings R [R, d] of the distances highest ... lowest (k ... -q+1 for "bi", k ... 0 for
-        "uni"), clamped to +-clamp_len when > 0; with `bi_data` [2, R, d], the second set negated (backward half)."""
+        """fp32 encodings [R, d] of distances highest ... lowest, clamped to +-clamp_len (> 0); `bi_data`: [2, R, d],
+        the second negated."""
         positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)
         if self.config.bi_data:
             positions = torch.stack([positions, -positions])
@@ -646,9 +627,8 @@ class XLNetModel(XLNetPreTrainedModel):
         return sinusoid_encoding(positions, inverse_frequencies)
 
     def _attention_masks(self, query_length, memory_length, attention_mask, input_mask, perm_mask, device):
-        """Boolean masks (True = may not attend) for the query and the content stream, [B|1, 1, q, m + q]: the
-        factorisation order (perm_mask), padding and, for "uni", causality; the content stream also sees itself. Memory
-        is always visible. Summed then `> 0` as in the original: a mask is the union of its parts."""
+        """Boolean [B|1, 1, q, m + q] masks (True: may not attend) of the query and content streams, the union of
+        perm_mask, padding, "uni"'s causality (the memory is visible); the content stream also sees itself."""
         mask = None
         if self.config.attn_type == "uni":
             # same_length: every query sees exactly memory_length + 1 keys.
@@ -695,10 +675,8 @@ class XLNetModel(XLNetPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> XLNetModelOutput:
-        """Inputs as transformers' `XLNetModel`'s (`attention_mask` or its negation `input_mask`, `mems`, `perm_mask`,
-        `target_mapping`, `token_type_ids`, `use_mems`). Ours: `cache`, a MemoryCache updated in place instead of
-        `mems`; `predict_next_token`: the query stream of one position right after the input ([B, 1, d]), what
-        transformers' generation gets from its dummy token, without computing the dummy."""
+        """Inputs as transformers' `XLNetModel`'s. Ours: `cache`, a MemoryCache updated in place (for `mems`);
+        `predict_next_token`: the query stream of one position after the input ([B, 1, d]), without a dummy token."""
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
@@ -719,7 +697,7 @@ class XLNetModel(XLNetPreTrainedModel):
         cache_given = cache is not None
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
         remember = use_mems or cache_given
-        # The memory's keys / values and the position keys are reusable while the weights are frozen.
+        # The memory's keys / values and the position keys: reusable while the weights are frozen.
         reuse_projections = remember and not self.training and not torch.is_grad_enabled()
         static = isinstance(cache, StaticMemoryCache)
         if static:
@@ -741,7 +719,7 @@ class XLNetModel(XLNetPreTrainedModel):
         content = self.dropout(embeddings)
         query_stream = None
         if target_mapping is not None or predict_next_token:
-            # g^(0) = w, the trainable mask embedding, at every predicted position.
+            # g^(0) = w, the trainable mask embedding.
             predictions = 1 if predict_next_token else target_mapping.shape[1]
             query_stream = self.dropout(self.mask_emb.to(dtype).expand(batch, predictions, -1))
         if target_mapping is not None:
@@ -759,15 +737,20 @@ class XLNetModel(XLNetPreTrainedModel):
             padding = input_mask if input_mask is not None else None if attention_mask is None else 1 - attention_mask
             query_mask = None if padding is None else F.pad(padding.bool(), (memory_length, 0))[:, None, None, :]
             if self.config.attn_type == "uni" and self.config.same_length:
-                # ... but, like every uni query under same_length, only the newest memory_length of them
+                # ... but, as every uni query under same_length, the newest memory_length only
                 too_old = (torch.arange(key_length, device=device) < query_length)[None, None, None, :]
                 query_mask = too_old if query_mask is None else query_mask | too_old
         segment_mismatch = None
         if token_type_ids is not None:
-            # Relative segment encoding (Yang et al. Sec. 2.5): only whether i and j share a segment; memory
-            # positions count as segment 0, as in the original code.
+            # Relative segment encoding (Sec. 2.5): whether i and j share a segment; the memory is segment 0.
             key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
             segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
+        flex = attention_implementation(self.config, output_attentions, self.dropout.p * self.training, device)
+        if flex == "flex_attention" and not stepping:  # (for every layer)
+            if not predict_next_token:
+                content_mask = flex_mask(content_mask, query_length, key_length, device)
+            if target_mapping is not None:
+                query_mask = flex_mask(query_mask, query_length, key_length, device)
         position_embeddings = []  # (filled by `_position_keys` when reused)
         if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
@@ -796,7 +779,7 @@ class XLNetModel(XLNetPreTrainedModel):
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
-                # With a query stream, the last layer's content update is read only as a hidden state / attention.
+                # With a query stream, the last layer's content is read only as a hidden state / attention.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
                 query_after_content=predict_next_token,
                 slot_columns=slot_columns,
@@ -843,9 +826,9 @@ class XLNetModel(XLNetPreTrainedModel):
             raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
 
     def _slot_masks(self, cache, dtype):
-        """A static step's rows: the two tokens fed again (positions n-2, n-1), the query of n. Returns each (row,
-        slot)'s column in the position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R]: "uni"'s
-        future keys, same_length's beyond the memory, -inf on unwritten slots."""
+        """A static step's rows (the tokens n-2, n-1 fed again, the query of n): each (row, slot)'s column in the
+        position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R] ("uni"'s future, same_length's
+        beyond the memory; -inf on unwritten slots)."""
         newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
         distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
         masked = (distances < 0) & (self.config.attn_type == "uni")
@@ -858,8 +841,8 @@ class XLNetModel(XLNetPreTrainedModel):
         return cache.slot_count - distances, mask[None, None]
 
     def _start_ring(self, cache):
-        """The memory moves into the slots, with each layer's position keys (distances R ... -1); the first step
-        rewrites the newest remembered position, two if the prompt filled `reuse_len`."""
+        """After the prompt: the memory moves into the slots, with each layer's position keys; the first step
+        rewrites the newest remembered position (two if the prompt filled `reuse_len`)."""
         device = self.word_embedding.weight.device
         distances = self._relative_position_embeddings(cache.slot_count, -1, device)
         rewritten = 2 if self.config.reuse_len and cache.last_stored >= self.config.reuse_len else 1
@@ -867,14 +850,14 @@ class XLNetModel(XLNetPreTrainedModel):
 
 
 def _drop_newest(cache: MemoryCache, count: int):
-    """transformers' `mem[:-count]`: forget the newest `count` positions, all of them when the memory holds fewer."""
+    """transformers' `mem[:-count]`: forget the newest `count` positions (all if fewer)."""
     held = 0 if cache.memory(0) is None else cache.memory(0).shape[1]
     cache.crop(-min(count, held))
 
 
 class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
-    """XLNet with the language-modeling head (tied to the input embeddings, own bias). Labels are NOT shifted:
-    `labels[:, m]` is the m-th prediction's token; transformers v5's `shift_labels` are the same and replace them."""
+    """XLNet with the LM head (tied to the input embeddings, own bias). Labels are NOT shifted: `labels[:, m]` is
+    prediction m's token (`shift_labels`, the same, replace them)."""
 
     _tied_weights_keys = {"lm_loss.weight": "transformer.word_embedding.weight"}
     accepts_loss_kwargs = True
@@ -967,8 +950,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_length):
-        """transformers' (no cache for XLNet), but `cache_implementation="static"` gives a StaticMemoryCache of
-        `max_length` slots (never fewer than the last call's), at most mem_len, at least 2."""
+        """transformers' (no cache), but `cache_implementation="static"` gives a StaticMemoryCache of `max_length`
+        slots, at most mem_len, at least 2, never fewer than the last call's."""
         if generation_config.cache_implementation != "static":
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_length
@@ -988,8 +971,8 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, mems=None, use_mems=None, is_first_iteration=False, **kwargs
     ):
-        """transformers' XLNet scheme without its dummy token (docs/generation.md): the query stream runs right after
-        the input (`predict_next_token`); with `use_mems` each step feeds the last two tokens again."""
+        """transformers' XLNet scheme without its dummy token (`predict_next_token`); `use_mems`: each step feeds the
+        last two tokens again."""
         for unused in (
             "next_sequence_length", "attention_mask", "use_cache", "cache_position", "position_ids",
             "tokenizer",  # (generate()'s, for stop strings)
@@ -1316,9 +1299,8 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
 
 class XLNetForQuestionAnswering(XLNetPreTrainedModel):
-    """SQuAD head of the original code: start logits, end logits conditioned on the start, answerability.
-    Training: end logits use the gold start; loss = (start + end) / 2 + 0.5 x the answerability BCE (with
-    `cls_index`, `is_impossible`). Inference: the `end_n_top` best ends of each of the `start_n_top` best starts."""
+    """The original's SQuAD head: start, end given the start, answerability. Training: the gold start; loss = (start
+    + end) / 2 + 0.5 x answerability BCE. Inference: the `end_n_top` best ends of the `start_n_top` best starts."""
 
     accepts_loss_kwargs = False  # (as XLNetForQuestionAnsweringSimple)
 

@@ -1,59 +1,49 @@
-"""What Transformer-XL and XLNet share: sinusoidal relative encodings, the relative shift, relative attention in
-transformers' attention-interface convention, the causal mask over [memory; segment], and the language-model loss.
-
-Dai et al. (2019), Sec. 3.3: for a query i and a key j the attention score is
+"""What Transformer-XL and XLNet share. Dai et al. (2019), Sec. 3.3, for query i and key j:
 
     A_ij = (E_xi W_q + u)^T W_k E_xj   [(a) content + (c) global content bias u]
          + (E_xi W_q + v)^T W_kR R_i-j [(b) content-dependent position + (d) global position bias v]
 
-(a)+(c) is `q + u` against the keys; (b)+(d), per distance, shifted to (query, key) pairs (App. B), and the mask
-are one additive score bias for every attention implementation (`score_bias_arguments`)."""
+(a)+(c) is `q + u` against the keys; (b)+(d) per distance, shifted to (query, key) pairs (App. B)."""
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from transformers.modeling_utils import AttentionInterface
 
 
 def sinusoid_inverse_frequencies(dim: int, device=None) -> torch.Tensor:
-    """1 / 10000^(2k/dim) for k < dim/2: the frequencies of the sinusoid encoding (Vaswani et al. 2017), made on
-    `device` (a copy from the host would make the host wait for a GPU)."""
+    """1 / 10000^(2k/dim), k < dim/2 (Vaswani et al. 2017), made on `device` (no host copy)."""
     return 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0, device=device) / dim))
 
 
 def sinusoid_encoding(positions: torch.Tensor, inverse_frequencies: torch.Tensor) -> torch.Tensor:
-    """[..., len] positions -> [..., len, dim] encodings `cat(sin(p f), cos(p f))`, computed in fp32.
-
-    Positions stay fp32 even in half-precision models: bf16 cannot represent integers above 256 exactly.
-    """
+    """[..., len] -> [..., len, dim] `cat(sin(p f), cos(p f))` in fp32 (bf16 has no integers above 256)."""
     angles = positions.float()[..., None] * inverse_frequencies.float()
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
 def relative_shift(position_scores: torch.Tensor, key_length: int, offset: int) -> torch.Tensor:
-    """Re-index per-distance scores to (query, key) pairs: `out[..., i, j] = position_scores[..., i, j + offset - i]`.
-    Rows list R distances in decreasing order (Transformer-XL k-1 ... -1, offset q - 1; XLNet k ... -q+1, offset q).
-    Rows of R - 1 read from `offset` on are the original's pad-and-reshape (App. B) as views; entries outside 0 ...
-    R-1 are masked keys', and no two share an element: the mask may be written in place."""
+    """`out[..., i, j] = position_scores[..., i, j + offset - i]` (distances decreasing), a view: rows of R - 1 from
+    `offset` on (App. B). Entries outside 0 ... R-1 are masked keys'; none shares an element (write masks in place)."""
     *batch, length, distances = position_scores.shape
     if key_length >= distances or not 0 <= offset <= length:
-        raise ValueError(
-            f"relative_shift: {distances} distances cannot be shifted to {key_length} keys with offset {offset} for "
-            f"{length} queries; expected key_length < distances and 0 <= offset <= queries."
-        )
+        raise ValueError(f"relative_shift: {key_length} keys, {distances} distances, offset {offset}, {length} queries; "
+                         "expected key_length < distances and 0 <= offset <= queries.")  # fmt: skip
     flat = position_scores.flatten(-2)  # [..., q R] (a view where each [q, R] block is contiguous)
     rows = flat[..., offset : offset + length * (distances - 1)].unflatten(-1, (length, distances - 1))
     return rows[..., :key_length]  # row i starts at offset + i (R - 1) = i R + (offset - i)
 
 
 def mask_scores_(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The dtype's lowest value where `mask` is True, unrecorded by autograd: those probabilities are 0, so is their
-    gradient (not in a fully masked row, as in transformers' XLNet); a recorded write would copy the scores twice."""
+    """The dtype's lowest value where `mask`, unrecorded by autograd (a zero gradient; no copies of the scores)."""
     with torch.no_grad():
         return scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
 
 
 def distance_scores(position_query: torch.Tensor, position_keys: torch.Tensor) -> torch.Tensor:
-    """[B, H, q, D] x [H, R, D] position keys -> [B, H, q, R], one product per head over all batch rows (broadcast
-    over the batch, the product would copy the keys per row and keep the copy for the backward)."""
+    """[B, H, q, D] x [H, R, D] -> [B, H, q, R], one product per head (no per-row copy of the keys)."""
     batch, heads, length, dim = position_query.shape
     rows = position_query.transpose(0, 1).reshape(heads, batch * length, dim)  # (a view of the usual [B, q, H, D])
     return torch.matmul(rows, position_keys.transpose(1, 2)).unflatten(1, (batch, length)).transpose(0, 1)
@@ -64,34 +54,90 @@ def eager_attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor,
     scaling: float,
     dropout: float = 0.0,
-    position_bias: torch.Tensor | None = None,
     **kwargs,
 ):
-    """Relative attention written out, the reference "sdpa" and "flex_attention" match, in transformers' attention
-    interface convention: query [B, H, q, D] holds the content bias (`q + u`, so `query @ key` is (a)+(c)); key, value
-    [B, H, k, D]; attention_mask or position_bias [B|1, H|1, q, k]: every other term, scaled, with the dtype's lowest
-    value where query i may not attend key j. Returns (output [B, q, H, D], probabilities [B, H, q, k])."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (a) + (c), scaled
-    for bias in (attention_mask, position_bias):
-        if bias is not None:
-            scores = scores + bias  # + (b) + (d) [+ segment term], and the mask
+    """The reference: query [B, H, q, D] is `q + u` (`query @ key`: (a)+(c)), key / value [B, H, k, D], attention_mask
+    [B|1, H|1, q, k] every other term, scaled, the dtype's lowest where masked -> ([B, q, H, D], probabilities)."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling + attention_mask  # + (b) + (d) [+ segment], masked
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
-def score_bias_arguments(implementation: str, bias: torch.Tensor, batch_size: int, num_heads: int) -> dict:
-    """How the additive score bias reaches `implementation`'s attention function, as keyword arguments: eager and sdpa
-    take it as a float `attention_mask` (a strided bias stays a view); flex_attention adds `position_bias[b, h, q, kv]`
-    in its score_mod, so it gets every row and head, contiguous (torch's CPU flex kernel misreads a strided bias once
-    its shapes are dynamic)."""
-    if implementation == "flex_attention":
-        full = bias.expand(batch_size, num_heads, *bias.shape[-2:]).contiguous()
-        return {"attention_mask": None, "position_bias": full}
-    return {"attention_mask": bias, "position_bias": None}
+def attention_implementation(config, output_attentions: bool, dropout: float, device) -> str:
+    """A call's implementation: "eager" for probabilities; "sdpa" for flex with attention dropout or, on CPU, with
+    gradients on (no CPU flex backward)."""
+    name = "eager" if output_attentions else config._attn_implementation
+    if name == "flex_attention" and (dropout > 0 or device.type == "cpu" and torch.is_grad_enabled()):
+        return "sdpa"
+    return name
+
+
+def pad_to_block(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """`x` zero-padded along `dim` (-2, -1) to a multiple of 128, flex's block: a compiled kernel per rounded shape
+    (torch 2.13's CPU kernel fails to build with dynamic shapes)."""
+    extra = -x.shape[dim] % 128
+    return F.pad(x, (0, 0) * (-1 - dim) + (0, extra)) if extra else x
+
+
+class FlexMask(NamedTuple):  # a BlockMask (fully masked blocks are skipped), [B|1, 1, q, 1] rows seeing no key
+    block_mask: BlockMask
+    empty_rows: torch.Tensor | None
+
+
+def flex_mask(mask: torch.Tensor | None, query_length: int, key_length: int, device) -> FlexMask:
+    """[B|1, 1, q, k] `mask` (True = may not attend; None: none) as a FlexMask, once per forward for all layers."""
+    empty_rows = None if mask is None else mask.all(-1, keepdim=True)
+    if mask is None:
+        mask = torch.zeros(1, 1, query_length, key_length, dtype=torch.bool, device=device)
+    allowed = pad_to_block(pad_to_block(~mask[:, 0], -1))  # (padding: masked)
+    batch = allowed.shape[0] if allowed.shape[0] > 1 else None
+    mask_mod = lambda b, h, i, j: allowed[b if batch else 0, i, j]  # noqa: E731
+    return FlexMask(create_block_mask(mask_mod, batch, None, *allowed.shape[1:], device=device), empty_rows)
+
+
+_compiled_flex_attention = None  # (compiled at first use)
+
+
+def flex_attention_forward(module, query, key, value, attention_mask: FlexMask | torch.Tensor | None, scaling: float,
+                           position_scores=None, shift_offset=None, segment_scores=None, segment_mismatch=None, **_):
+    """Eager's attention by compiled flex_attention, no [B, H, q, k] tensor written: score_mod reads `position_scores`
+    [B, H, q, R] (rounded: `pad_to_block`) at [i, j + shift_offset - i] (None: [i, j]) and `segment_scores` [B, H, q,
+    2] at [i, `segment_mismatch`[b, i, j]]. Rows seeing no key get the values' mean, as in eager."""
+    global _compiled_flex_attention
+    length, key_length = query.shape[2], key.shape[2]
+    if not isinstance(attention_mask, FlexMask):
+        attention_mask = flex_mask(attention_mask, length, key_length, query.device)
+    query, key, value = pad_to_block(query), pad_to_block(key), pad_to_block(value)
+    if position_scores is not None:
+        step = position_scores.shape[-1] - (shift_offset is not None)  # (row i: from offset + i step)
+        flat, offset = position_scores.flatten(-2), torch.full((), shift_offset or 0, device=query.device)
+    if segment_scores is not None:
+        segment_mismatch = pad_to_block(pad_to_block(segment_mismatch), -1)
+        segment_scores = pad_to_block(segment_scores)
+
+    def score_mod(score, b, h, i, j):
+        if position_scores is not None:  # (offset: a tensor, not recompiled)
+            score = score + flat[b, h, (offset + i * step + j).clamp(max=flat.shape[-1] - 1)]
+        if segment_scores is not None:
+            score = score + segment_scores[b, h, i, segment_mismatch[b, i, j].long()]
+        return score
+
+    if _compiled_flex_attention is None and not torch.compiler.is_compiling():
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention
+    output = attend(query, key, value, score_mod, attention_mask.block_mask, scale=scaling)[:, :, :length]
+    if attention_mask.empty_rows is not None:
+        output = torch.where(attention_mask.empty_rows, value[:, :, :key_length].mean(-2, keepdim=True), output)
+    return output.transpose(1, 2).contiguous(), None
+
+
+# transformers' attention functions, with ours for "flex_attention" (in this instance only)
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention_forward
 
 
 def causal_memory_mask(
@@ -101,9 +147,8 @@ def causal_memory_mask(
     same_length_span: int | None = None,
     device=None,
 ) -> torch.Tensor:
-    """[q, m + q] boolean mask, True where query i (at position m + i) may not attend to key j: future keys (j > m + i)
-    and, with `same_length` (Dai et al. App.), keys j <= i - s, s = `same_length_span` (default q), so that every
-    query sees as many keys."""
+    """[q, m + q], True where query i may not attend key j: j > m + i and, with `same_length` (Dai et al. App.),
+    j <= i - s (s: `same_length_span`, default q), so every query sees as many keys."""
     key_length = memory_length + query_length
     ones = torch.ones(query_length, key_length, dtype=torch.bool, device=device)
     mask = torch.triu(ones, diagonal=1 + memory_length)
@@ -113,11 +158,9 @@ def causal_memory_mask(
     return mask
 
 
-
 class CrossEntropy(torch.autograd.Function):
-    """`F.cross_entropy(..., reduction="none")` (-100 gives 0) with fewer [N, V] tensors (a training step's peak): the
-    backward turns the saved log-probabilities into the gradient in place; `overwrite` writes them over the logits.
-    d(-log p_t)/dx = softmax(x) - onehot(t)."""
+    """`F.cross_entropy(..., reduction="none")` (-100: 0) with fewer [N, V] tensors: the backward turns the saved
+    log-probabilities into d(-log p_t)/dx = softmax(x) - onehot(t) in place; `overwrite`: over the logits."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, overwrite: bool) -> torch.Tensor:

@@ -139,3 +139,43 @@ def assert_gradients_reach_hidden_states_and_attentions(model, ids, labels):
     out.loss.backward()
     assert hidden.grad is not None and hidden.grad.abs().sum() > 0
     assert attention.grad is not None and attention.grad.abs().sum() > 0
+
+
+def test_flex_attention_compiles_once_across_lengths_memories_and_grad_modes(monkeypatch):
+    """flex_attention's kernel is compiled once for segments of 5 and 7 tokens over memories of 0, 5 and 6 (the
+    lengths rounded up to a block), and a training step in between (on CPU: sdpa, torch has no flex backward) neither
+    recompiles nor fails; the outputs stay eager's."""
+    from torch._dynamo.utils import counters
+
+    from transformers_xl.modeling.relative_attention import ALL_ATTENTION_FUNCTIONS
+
+    used = []
+    for name in ("sdpa", "flex_attention"):
+        function = ALL_ATTENTION_FUNCTIONS[name]
+        monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, name, lambda *a, _n=name, _f=function, **k: used.append(_n) or _f(*a, **k))
+    torch._dynamo.reset()
+    counters.clear()
+    reference, flex = model_with("eager"), model_with("flex_attention")
+    for ids in (random_ids(2, 5), random_ids(2, 7)):
+        with torch.no_grad():
+            mems = reference(ids).mems
+            torch.testing.assert_close(flex(ids, mems=mems).logits, reference(ids, mems=mems).logits, atol=1e-4, rtol=0)
+            flex(ids)
+        flex.train()
+        flex(ids, labels=ids).loss.backward()
+        flex.eval()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert used.count("sdpa") == 2 * flex.config.n_layer and used.count("flex_attention") == 4 * flex.config.n_layer
+
+
+def test_flex_masks_are_built_without_a_host_sync():
+    """The BlockMask of a causal, padded mask over [memory; segment] (built once per forward) makes no host sync."""
+    from host_syncs import HostSyncCounter
+
+    from transformers_xl.modeling.relative_attention import causal_memory_mask, flex_mask
+
+    mask = causal_memory_mask(5, 7)[None, None] | torch.tensor([[False] * 11 + [True], [True] + [False] * 11])[:, None, None]
+    with HostSyncCounter() as syncs:
+        flex = flex_mask(mask, 5, 12, "cpu")
+    assert syncs.ops == []
+    assert flex.block_mask.shape[-2:] == (128, 128) and flex.empty_rows.shape == (2, 1, 5, 1)

@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import transformers_xl.modeling.modeling_xlnet as ours
 from host_syncs import HostSyncCounter
 from test_attention_transfo_xl import assert_gradients_reach_hidden_states_and_attentions
 from transformers_xl.modeling.configuration_xlnet import XLNetConfig
+from transformers_xl.modeling.relative_attention import ALL_ATTENTION_FUNCTIONS
 
 IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
 VOCAB = 99
@@ -30,9 +30,8 @@ CONFIGS = {
 
 @pytest.fixture(autouse=True)
 def fresh_compiled_flex_attention():
-    """transformers compiles flex_attention once per process; torch 2.13's CPU kernel for it fails to build once
-    Dynamo makes the shapes dynamic (at the second shape it sees). Each test starts with nothing compiled and keeps
-    its flex calls to one shape, which also bounds the compilations a test pays for."""
+    """flex_attention compiles once per rounded shape and score_mod flavour, within Dynamo's per-process recompile
+    limit: each test starts with nothing compiled, so that the tests do not depend on their order."""
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -89,7 +88,7 @@ def test_implementations_agree_on_both_streams_with_a_memory(config_name):
 
 @pytest.mark.parametrize("class_name", [name for name in ours.__all__ if name.startswith("XLNetFor")])
 def test_implementations_agree_for_every_head(class_name):
-    """(The shapes of the test above: two sequences, 5 remembered positions, 7 new, so flex compiles once.)"""
+    """(The shapes of the test above: two sequences, 5 remembered positions, 7 new.)"""
     model = tiny(class_name, num_labels=2)
     input_ids = ids(1, 7)[:, None].expand(-1, 2, -1) if class_name == "XLNetForMultipleChoice" else ids(2, 7)
     with torch.no_grad():
@@ -105,8 +104,7 @@ def test_implementations_agree_for_every_head(class_name):
 
 
 def test_implementations_agree_on_a_decoding_step_and_greedy_generation():
-    """A decoding step attends the content rows and the query row after them in one call, over a cache (flex on
-    one step: each step has new shapes, see the fixture)."""
+    """A decoding step attends the content rows and the query row after them in one call, over a cache."""
     model = tiny(mem_len=6)
     with torch.no_grad():
         prompt_inputs = model.prepare_inputs_for_generation(ids(2, 4), use_mems=True)
@@ -120,7 +118,7 @@ def test_implementations_agree_on_a_decoding_step_and_greedy_generation():
             logits[implementation] = (model(**inputs).logits,)
     assert_all_agree(logits)
     scores = {}
-    for implementation in ("eager", "sdpa"):
+    for implementation in IMPLEMENTATIONS:  # (flex: the lengths grow within a block, no recompilation)
         model.set_attn_implementation(implementation)
         generated = model.generate(ids(2, 4), max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
                                    output_scores=True)  # fmt: skip

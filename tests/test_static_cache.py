@@ -201,3 +201,19 @@ def test_a_shorter_generation_reuses_the_compiled_step():
         assert out.cache.get_max_length() == 3 + 5 - 1
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+
+
+def test_flex_attention_steps_equal_eager_ones():
+    """flex_attention's static steps (one query over the slots, its position scores read per slot in the score_mod)
+    and its left-padded prompt (a padded query sees no key) give eager's tokens and scores."""
+    ids = prompt(2, 5)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    outputs = []
+    for implementation in ("eager", "flex_attention"):
+        model = scrambled_lm(mem_len=MEM_LEN)
+        model.set_attn_implementation(implementation)
+        outputs.append(model.generate(ids, attention_mask=mask, cache_implementation="static", max_new_tokens=12,
+                                      do_sample=False, return_dict_in_generate=True, output_scores=True))  # fmt: skip
+    eager, flex = outputs
+    assert_greedy_decodings_agree(flex.sequences, flex.scores, eager.sequences, eager.scores, atol=TOLERANCE)

@@ -194,3 +194,15 @@ def test_a_shorter_generation_reuses_the_compiled_step():
         assert out.cache.get_max_length() == 7 + 5 - 1
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+
+
+def test_flex_attention_steps_equal_eager_ones():
+    """flex_attention's static steps (three rows over the slots, read per slot with the step's additive mask in the
+    score_mod) give eager's tokens and scores."""
+    outputs = []
+    for implementation in ("eager", "flex_attention"):
+        model = scrambled_lm(mem_len=6)
+        model.set_attn_implementation(implementation)
+        outputs.append(model.generate(ids(2, 5), cache_implementation="static", max_new_tokens=10, do_sample=False,
+                                      return_dict_in_generate=True, output_scores=True, pad_token_id=PAD))  # fmt: skip
+    assert_same(*outputs)

@@ -116,7 +116,7 @@ class _OurModelsTest(common.ModelTesterMixin, GenerationTesterMixin):
 
     # transformers runs these only on an accelerator (and the compile ones only with RUN_SLOW): run them here too.
     # On a CPU, test_sdpa_can_compile_dynamic still skips itself; test_flex_attention_with_grads runs a forward with
-    # gradients enabled (torch 2.13 has no CPU backward for flex_attention).
+    # gradients enabled (on a CPU our flex_attention runs sdpa then: torch 2.13 has no CPU flex backward).
     test_flex_attention_with_grads_here = inspect.unwrap(common.ModelTesterMixin.test_flex_attention_with_grads)
     test_torch_compile_for_training_here = inspect.unwrap(common.ModelTesterMixin.test_torch_compile_for_training)
 
