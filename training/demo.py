@@ -25,7 +25,7 @@ from ..conversion.publish import umask_permissions
 from ..conversion.remote_code import full_auto_map
 from ..modeling.configuration_transfo_xl import TransfoXLConfig
 from ..modeling.modeling_transfo_xl import TransfoXLLMHeadModel
-from . import memory_curve as curve_plot
+from . import memory_curve
 from .evaluate import evaluate_memory_lengths
 from .memory_trainer import MemoryTrainer
 from .streams import TextStream
@@ -184,7 +184,7 @@ def train(model, train_ids, settings: dict, output_dir: Path):
 MEMORY_CURVE = (0, 0.25, 0.5, 1, 2, 4)
 
 
-def memory_curve(model, eval_ids, settings: dict) -> list[dict]:
+def held_out_curve(model, eval_ids, settings: dict) -> list[dict]:
     """`transformers-xl evaluate --memory-lengths`'s evaluation of the held-out stream (the paper's protocol: rows
     of `batch_size`, segments of `segment_len`, the memory from empty) at each of MEMORY_CURVE's lengths; each
     result also has its bits per character."""
@@ -293,7 +293,7 @@ def plot(metrics: dict, path: Path) -> Figure:
     curve.set(xlabel="training step", ylabel="bits per character", title="Learning curve")
     curve.legend()
 
-    curve_plot.draw(bpc, metrics["memory_curve"], "character", metrics["settings"]["mem_len"])
+    memory_curve.draw(bpc, metrics["memory_curve"], "character", metrics["settings"]["mem_len"])
     bpc.set_title(f"Held-out, against the memory length (segments of {metrics['settings']['segment_len']})")
 
     milliseconds = [1000 * metrics["eval_seconds_per_char_memory"], 1000 * metrics["eval_seconds_per_char_window"]]
@@ -335,7 +335,7 @@ def run_demo(settings: dict, output_dir: Path) -> dict:
     model = trainer.model
 
     log("evaluating on the held-out files at several memory lengths, 0 (without memory) and the trained one included")
-    held_out = memory_curve(model.eval(), eval_ids, settings)
+    held_out = held_out_curve(model.eval(), eval_ids, settings)
     bits = {result["mem_len"]: result["bits_per_character"] for result in held_out}
     speed = evaluation_speed(model, speed_ids, settings["mem_len"], settings["segment_len"], settings["speed_chars"])
 
