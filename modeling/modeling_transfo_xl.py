@@ -984,6 +984,12 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
         )
 
+    def get_output_embeddings(self):
+        """The head softmax's output layer (the whole vocabulary's with div_val 1; tied to the input embedding with
+        `tie_weight`), which tools leave out as they leave out GPT-2's `lm_head`: peft's `all-linear` (merging an
+        adapter into it would change the tied embedding too). The tail clusters' layers (div_val > 1) are not covered."""
+        return self.crit.out_layers[0]
+
     def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
         """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
         (new ids start at 0, as `_init_weights` starts it) and sampler."""

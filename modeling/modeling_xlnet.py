@@ -219,7 +219,7 @@ class XLNetRelativeAttention(nn.Module):
         `cached_memory`: a cache layer whose memory keys and values are reused and extended. `update_content=False`
         skips the content stream (a last layer's, which nothing reads); `query_after_content`: one query row right after
         the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row).
-        `positions`: the position keys as a function of `project_positions` (see `XLNetModel._positions`)."""
+        `positions`: see `XLNetModel._positions`."""
         position_keys = positions(self.project_positions)
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
@@ -618,11 +618,9 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- memory: the one place that reads and writes `mems` -----
 
     def _positions(self, layer_idx, query_length, key_length, position_embeddings, cache, reuse, ring):
-        """Layer `layer_idx`'s position keys W_r R as a function of its `project_positions`, which the layer calls in
-        its forward: hooks on the layer (FSDP's unsharding, adapters) see every use of its weights. Projected from
-        `position_embeddings`; with `reuse` (frozen weights) sliced from the cache's stored table (the encodings made
-        for it in this forward: the list `position_embeddings`); a static cache's step reads its ring table. `ring`:
-        (encodings, tables) of a static cache's prompt, to which each layer adds its keys."""
+        """Layer `layer_idx`'s position keys W_r R as a function of its `project_positions`, called in its forward
+        (hooks on it see all uses of its weights): from `position_embeddings`, the cache's table (`reuse`; a list
+        then) or ring; `ring`: a static cache prompt's (encodings, tables), to which each layer adds its keys."""
         if isinstance(cache, StaticMemoryCache) and cache.ring:
             return lambda project: cache.layers[layer_idx].position_keys
         if not reuse:
@@ -782,7 +780,7 @@ class XLNetModel(XLNetPreTrainedModel):
         if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
             position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
-        ring = None  # (a static cache's prompt: the encodings of distances R ... -1, each layer's keys of them)
+        ring = None  # (a static cache's prompt: distances R ... -1)
         if static and not stepping:
             ring = self._relative_position_embeddings(cache.slot_count, -1, device), []
 
@@ -822,7 +820,7 @@ class XLNetModel(XLNetPreTrainedModel):
         if stepping:
             cache.advance()
         elif static:  # the prompt has run: its memory moves into the static slots
-            cache.start_ring(ring[1])  # (the memory moves into the slots, with each layer's position keys)
+            cache.start_ring(ring[1])
 
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(

@@ -70,3 +70,77 @@ def test_position_projections_run_inside_their_layers_forward(make_model, static
     model = make_model()
     with torch.no_grad():
         assert projections_used_outside_their_layer(model, lambda m: forward_then_decode(m, static)) == []
+
+
+# ----- LoRA on Transformer-XL -----
+
+
+def lora(model, targets=TRANSFO_XL_TARGETS, **kwargs):
+    """`model` with rank-2 adapters that start away from zero (so that they change the outputs)."""
+    return get_peft_model(model, LoraConfig(target_modules=targets, r=2, init_lora_weights=False, **kwargs))
+
+
+def changed(before, model):
+    return {name for name, p in model.named_parameters() if not torch.equal(before[name], p.detach())}
+
+
+def train_args(tmp_path, **kwargs):
+    return TrainingArguments(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, max_steps=3, learning_rate=0.1,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", seed=0, disable_tqdm=True,
+        dataloader_num_workers=0, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer_class", [Trainer, MemoryTrainer])
+def test_training_transfo_xl_adapters_changes_only_the_adapters(trainer_class, tmp_path):
+    """Every projection and feed-forward layer gets an adapter, also the position projection r_net (run inside each
+    layer); a few steps of Trainer or MemoryTrainer (which carries the memory) change the adapters and nothing else."""
+    model = lora(tiny_transfo_xl(untie_r=True))
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+    layers = [f"base_model.model.transformer.layers.{i}" for i in range(2)]
+    assert adapted == {f"{layer}.{part}" for layer in layers for part in (
+        "dec_attn.qkv_net", "dec_attn.o_net", "dec_attn.r_net", "pos_ff.CoreNet.0", "pos_ff.CoreNet.3")}  # fmt: skip
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    stream = TextStream(torch.randint(1, 40, (2 * 4 * 6,), generator=torch.Generator().manual_seed(0)), 2, 6)
+    if trainer_class is Trainer:
+        rows = [{"input_ids": row, "labels": row} for row in ids(6, seed=1).repeat(3, 1)]
+        trainer = Trainer(model=model, args=train_args(tmp_path), train_dataset=rows)
+    else:
+        trainer = MemoryTrainer(model=model, args=train_args(tmp_path), train_dataset=stream)
+    trainer.train()
+    touched = changed(before, model)
+    assert touched and all(".lora_" in name for name in touched)
+    assert {name.rsplit(".lora_", 1)[0] for name in touched} == adapted
+
+
+def test_transfo_xl_adapters_save_load_and_merge(tmp_path):
+    """An adapter saved alone reloads onto a fresh base model with the same logits; merged, it equals the adapted
+    model."""
+    model = lora(tiny_transfo_xl())
+    inputs = ids()
+    with torch.no_grad():
+        adapted = model(inputs).logits
+        assert not torch.allclose(adapted, tiny_transfo_xl()(inputs).logits)
+    model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(tiny_transfo_xl(), tmp_path / "adapter").eval()
+    merged = model.merge_and_unload()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(inputs).logits, adapted)
+        torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_all_linear_leaves_the_tied_softmax_out_and_merging_keeps_the_embedding():
+    """`target_modules="all-linear"` adapts every linear layer but the softmax's, tied to the input embedding (as
+    peft leaves out GPT-2's lm_head): merging then changes no embedding and equals the adapted model."""
+    base = tiny_transfo_xl(div_val=1, tie_weight=True)
+    embedding = base.transformer.word_emb.emb_layers[0].weight.detach().clone()
+    model = lora(base, targets="all-linear")
+    assert not any(".crit." in name for name, _ in model.named_parameters() if ".lora_" in name)
+    inputs = ids()
+    with torch.no_grad():
+        adapted = model(inputs).logits
+        merged = model.merge_and_unload()
+        torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+    assert torch.equal(merged.transformer.word_emb.emb_layers[0].weight, embedding)
+    assert merged.crit.out_layers[0].weight is merged.transformer.word_emb.emb_layers[0].weight
