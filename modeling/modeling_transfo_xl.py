@@ -849,7 +849,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             return lambda project: cache.layers[layer_idx].position_keys
         if not reuse:
             return lambda project: project(position_embedding)
-        # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
+        # (the layer's dtype and device, from its layer norm: r_net may be a quantized layer, without a float weight)
         norm = self.layers[layer_idx].dec_attn.layer_norm.weight
 
         def encodings(span):  # (distances lowest + span - 1 ... lowest)
@@ -987,7 +987,7 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         """The head softmax's output layer (the whole vocabulary's with div_val 1; tied to the input embedding with
         `tie_weight`), which tools leave out as they leave out GPT-2's `lm_head`: peft's `all-linear` (merging an
-        adapter into it would change the tied embedding too). The tail clusters' layers (div_val > 1) are not covered."""
+        adapter into it would change the tied embedding too); not the tail clusters' layers (div_val > 1)."""
         return self.crit.out_layers[0]
 
     def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):

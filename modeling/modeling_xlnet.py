@@ -7,8 +7,7 @@ trained with permutation language modeling. Two streams run through every layer 
 
 `perm_mask[b, i, j] = 1`: i may not see j; `target_mapping[b, m, j] = 1`: the m-th prediction is token j. Without
 `target_mapping` there is no query stream. Names, shapes, inputs and outputs (`mems`: one time-major
-[mem_len, batch, d_model] tensor per layer) are transformers' `XLNet*`'s; inside, tensors are batch-first and
-attention goes through transformers' attention interface (see XLNetRelativeAttention)."""
+[mem_len, batch, d_model] tensor per layer) are transformers' `XLNet*`'s; inside, tensors are batch-first."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,7 +94,7 @@ class XLNetLMHeadModelOutput(ModelOutput):
 
 
 class XLNetRelativeAttention(nn.Module):
-    """Two-stream relative multi-head attention with post-attention projection, residual and layer norm.
+    """Two-stream relative multi-head attention, output projection, residual and layer norm.
 
     For a query i and a key j (Dai et al. Sec. 3.3, with XLNet's segment term, Yang et al. Sec. 2.5):
 
@@ -103,43 +102,49 @@ class XLNetRelativeAttention(nn.Module):
                  + (q_i + v)^T W_r R_{i-j}    (b) + (d): relative position; v = `r_r_bias`, W_r = `r`
                  + (q_i + b)^T s_ij           segment; b = `r_s_bias`, s_ij = `seg_embed`[0 if same segment else 1]
 
-    (a) + (c) is `q + u` against the keys; the rest, scaled and masked, is one additive score bias for transformers'
-    attention interface (`config._attn_implementation`). Both streams attend to the content stream's keys and values
-    over [memory; segment]. Parameters keep the original [d_model, n_head, d_head] layout."""
+    (a) + (c) is `q + u` against the keys; the rest, scaled and masked, one additive score bias for transformers'
+    attention interface. Both streams attend to the content stream's keys and values over [memory; segment].
+    q, k, v, o, r are `nn.Linear` layers; state dicts hold them in transformers' layout."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
         self.config = config  # read at every call, so that `set_attn_implementation` takes effect
-        self.n_head, self.d_head, self.d_model = config.n_head, config.d_head, config.d_model
+        self.n_head, self.d_head = config.n_head, config.d_head
         self.bi_data = config.bi_data
         self.scale = config.d_head**-0.5
         self.attention_dropout = config.dropout
-        shape = (config.d_model, config.n_head, config.d_head)
-        self.q = nn.Parameter(torch.empty(shape))
-        self.k = nn.Parameter(torch.empty(shape))
-        self.v = nn.Parameter(torch.empty(shape))
-        self.o = nn.Parameter(torch.empty(shape))
-        self.r = nn.Parameter(torch.empty(shape))
+        inner = config.n_head * config.d_head
+        self.q = nn.Linear(config.d_model, inner, bias=False)
+        self.k = nn.Linear(config.d_model, inner, bias=False)
+        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, config.d_model, bias=False)
+        self.r = nn.Linear(config.d_model, inner, bias=False)
         self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.r_s_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.seg_embed = nn.Parameter(torch.empty(2, config.n_head, config.d_head))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.register_state_dict_post_hook(_save_layout)
+        self.register_load_state_dict_pre_hook(_load_layout)
 
     def _heads(self, x: torch.Tensor, projection) -> torch.Tensor:
-        """[B, L, d] x [d, H, D] -> [B, H, L, D] (see `_project`)."""
-        return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+        """[B, L, d] -> [B, H, L, D]."""
+        return projection(x).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
 
-    def use_linear_layers(self):
-        """Replace the projections q, k, v, r, o (parameters [d_model, H, D]) by `nn.Linear` layers of the same
-        products, for quantization tools (quantization.py); not for saving: the names become `q.weight` ..."""
-        for name in ("q", "k", "v", "r", "o"):
-            weight = getattr(self, name).detach().flatten(1)
-            weight = weight if name == "o" else weight.t()
-            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-            layer.weight.data.copy_(weight)
+    def checkpoint_layout(self, held: bool):
+        """q, k, v, o, r as parameters in transformers' layout (held) or as layers."""
+        for name in PROJECTIONS:
+            old = getattr(self, name)
             delattr(self, name)
+            if held:
+                weight = _checkpoint_tensor(name, old.weight, self.n_head)
+                setattr(self, name, nn.Parameter(weight, old.weight.requires_grad))
+                continue
+            weight = _linear_tensor(name, old)
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+            layer.weight = nn.Parameter(weight, old.requires_grad)
+            layer.weight._is_hf_initialized = getattr(old, "_is_hf_initialized", False)
             setattr(self, name, layer)
 
     def project_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,26 +152,26 @@ class XLNetRelativeAttention(nn.Module):
         return self._heads(context, self.k), self._heads(context, self.v)
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
-        """W_r R for every relative distance, once for the batch: [R, d] -> [H, R, D]; with `bi_data` [2, R, d]
-        (forward, backward) -> [2, 1, H, R, D], broadcasting over the batch's two halves."""
-        keys = _project(position_embeddings.to(self.r_r_bias), self.r)  # (the layer's dtype and device)
+        """W_r R per distance, once for the batch: [R, d] -> [H, R, D]; `bi_data`: [2, R, d] (forward, backward) ->
+        [2, 1, H, R, D], one per half of the batch."""
+        keys = self.r(position_embeddings.to(self.r_r_bias))  # (the layer's dtype and device)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
     def _attend(self, query, key, value, position_keys, mask, segment_mismatch, output_attentions, offset=None,
                 slot_columns=None):
-        """One stream's attention over [memory; segment]: query [B, H, q, D] -> ([B, q, H, D], probabilities or None).
-        Query row i is at distance (k - q + i) - j from key j; the position keys list k ... -q+1 (bi) or k ... 0 (uni):
-        shift offset q, or 0 for one query just after the keys. A static cache's step: `slot_columns`."""
+        """One stream's attention: query [B, H, q, D] -> ([B, q, H, D], probabilities or None). Row i is at distance
+        (k - q + i) - j from key j; position keys list k ... -q+1 (bi) or k ... 0 (uni): shift offset q (0: one query
+        after the keys). `slot_columns`: a static cache's step."""
         dtype = query.dtype
         offset = query.shape[2] if offset is None else offset
-        # (b) + (d), per relative distance, then re-indexed to (query, key) pairs; scaled through the query.
+        # (b) + (d) per distance, shifted to (query, key) pairs; scaled via the query.
         position_query = (query + self.r_r_bias[:, None].to(dtype)) * self.scale
         if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
             scores = distance_scores(position_query, position_keys)
-        # (the segment term and the mask are written into the shifted scores, a view of their own fresh tensor)
+        # (segment term and mask are written into the shifted scores, a view of a fresh tensor)
         if slot_columns is None:
             position_bias = relative_shift(scores, key.shape[2], offset)
         else:  # (the slots are in ring order, not in distance order: a gather replaces the shift)
@@ -195,9 +200,8 @@ class XLNetRelativeAttention(nn.Module):
         )
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """Output projection o ([B, L, H * D] -> [B, L, d]), dropout, residual and post layer norm."""
-        output = F.linear(attention, self.o.flatten(1)) if isinstance(self.o, torch.Tensor) else self.o(attention)
-        return self.layer_norm(self.dropout(output) + residual)
+        """o ([B, L, H * D] -> [B, L, d]), dropout, residual, post layer norm."""
+        return self.layer_norm(self.dropout(self.o(attention)) + residual)
 
     def forward(
         self,
@@ -215,11 +219,10 @@ class XLNetRelativeAttention(nn.Module):
         query_after_content: bool = False,
         slot_columns: torch.Tensor | None = None,
     ):
-        """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
-        `cached_memory`: a cache layer whose memory keys and values are reused and extended. `update_content=False`
-        skips the content stream (a last layer's, which nothing reads); `query_after_content`: one query row right after
-        the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row).
-        `positions`: see `XLNetModel._positions`."""
+        """-> (content out or None, query out or None, probabilities, (keys, values) over [memory; segment]).
+        `cached_memory`: a cache layer whose keys / values are reused. `update_content=False` skips the content
+        stream; `query_after_content`: one query row after the segment (next-token prediction);
+        `slot_columns`: a static cache's step; `positions`: see `XLNetModel._positions`."""
         position_keys = positions(self.project_positions)
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
@@ -238,8 +241,8 @@ class XLNetRelativeAttention(nn.Module):
         if query_after_content and (
             slot_columns is not None or content_mask is None and query_mask is None and segment_mismatch is None
         ):
-            # Next-token prediction with one mask (or none) for all rows: the query row sits where one more content
-            # row would (shift offset `length` for all), so one attention call serves both streams.
+            # Next-token prediction, one mask (or none) for all rows: the query row sits where one more content
+            # row would (shift offset `length`): one attention call serves both streams.
             if slot_columns is not None:  # (the last layer may update the query row only)
                 slot_columns, query_mask = slot_columns[-queries.shape[2] :], query_mask[:, :, -queries.shape[2] :]
             attention, probs = self._attend(queries, key, value, position_keys, query_mask, None, output_attentions,
@@ -256,9 +259,8 @@ class XLNetRelativeAttention(nn.Module):
                 )
                 attentions.append(attention)
             if query_stream is not None:
-                # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]) with the same weights. The
-                # predictions are scattered to their sequence positions (target_mapping^T), attended there (so the
-                # relative positions are those of the targets), and gathered back.
+                # Query stream: g_{z_t} <- Attention(Q = g_{z_t}, KV = [memory, h_{z<t}]), same weights. Predictions
+                # are scattered to their positions (target_mapping^T), attended there, and gathered back.
                 query = queries[:, :, length:]
                 if target_mapping is not None:
                     query = torch.matmul(target_mapping.transpose(1, 2)[:, None].to(query.dtype), query)
@@ -281,10 +283,28 @@ class XLNetRelativeAttention(nn.Module):
         return content_out, query_out, probs, (key, value)
 
 
-def _project(x: torch.Tensor, projection) -> torch.Tensor:
-    """x through a projection of the attention: a parameter [d_model, H, D] (the original layout: x W), or the layer
-    `use_linear_layers` put in its place."""
-    return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
+PROJECTIONS = ("q", "k", "v", "o", "r")
+
+
+def _checkpoint_tensor(name: str, weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """[out, in] -> [d_model, H, D] (x W; o as einsum("...hd,mhd->...m"))."""
+    return (weight if name == "o" else weight.t()).unflatten(1, (heads, -1)).contiguous()
+
+
+def _linear_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.flatten(1) if name == "o" else tensor.flatten(1).t()).contiguous()
+
+
+def _save_layout(module, state_dict, prefix, *args):  # (an adapter's q.base_layer.weight stays)
+    for name in PROJECTIONS:
+        if (key := prefix + name) + ".weight" in state_dict:
+            state_dict[key] = _checkpoint_tensor(name, state_dict.pop(key + ".weight"), module.n_head)
+
+
+def _load_layout(module, state_dict, prefix, *args):
+    for name in PROJECTIONS:
+        if (key := prefix + name) in state_dict and isinstance(getattr(module, name), nn.Linear):
+            state_dict[key + ".weight"] = _linear_tensor(name, state_dict.pop(key))
 
 
 class RecomputedActivation(torch.autograd.Function):
@@ -347,41 +367,13 @@ class XLNetLayer(GradientCheckpointingLayer):
         self.chunk_size_feed_forward = config.chunk_size_feed_forward
 
     def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.chunk_size_feed_forward:  # position-wise, so chunks along the sequence bound the d_inner activations
+        if self.chunk_size_feed_forward:  # (position-wise: chunks bound the d_inner activations)
             return torch.cat([self.ff(chunk) for chunk in hidden.split(self.chunk_size_feed_forward, dim=1)], dim=1)
         return self.ff(hidden)
 
-    def forward(
-        self,
-        content: torch.Tensor,
-        query_stream: torch.Tensor | None,
-        positions: Callable,
-        content_mask: torch.Tensor | None = None,
-        query_mask: torch.Tensor | None = None,
-        segment_mismatch: torch.Tensor | None = None,
-        memory: torch.Tensor | None = None,
-        cached_memory: MemoryLayer | None = None,
-        target_mapping: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        update_content: bool = True,
-        query_after_content: bool = False,
-        slot_columns: torch.Tensor | None = None,
-    ):
-        content, query_stream, probs, key_values = self.rel_attn(
-            content,
-            query_stream,
-            positions,
-            content_mask=content_mask,
-            query_mask=query_mask,
-            segment_mismatch=segment_mismatch,
-            memory=memory,
-            cached_memory=cached_memory,
-            target_mapping=target_mapping,
-            output_attentions=output_attentions,
-            update_content=update_content,
-            query_after_content=query_after_content,
-            slot_columns=slot_columns,
-        )
+    def forward(self, content: torch.Tensor, query_stream: torch.Tensor | None, positions: Callable, **kwargs):
+        """As XLNetRelativeAttention.forward."""
+        content, query_stream, probs, key_values = self.rel_attn(content, query_stream, positions, **kwargs)
         if content is None or query_stream is None:  # a single stream to update
             content, query_stream = (None if x is None else self._feed_forward(x) for x in (content, query_stream))
             return content, query_stream, probs, key_values
@@ -513,12 +505,28 @@ class XLNetPreTrainedModel(PreTrainedModel):
         # The memory is the legacy `mems` tuple, not a transformers Cache (see generation notes): never DynamicCache.
         return False
 
+    @staticmethod
+    def _load_pretrained_model(model, *args, **kwargs):
+        """transformers' loading with q, k, v, o, r held as the files' [d_model, H, D] parameters: it loads tensors by
+        name, converting layouts only by mappings registered process-wide per class name or model_type (its XLNet's
+        too)."""
+        layers = {n: m for n, m in model.named_modules() if isinstance(m, XLNetRelativeAttention)}
+        for layer in layers.values():
+            layer.checkpoint_layout(True)
+        try:
+            info, *rest = PreTrainedModel._load_pretrained_model(model, *args, **kwargs)
+        finally:
+            for layer in layers.values():
+                layer.checkpoint_layout(False)
+        held = {f"{n}.{p}" for n in layers for p in PROJECTIONS}
+        info.missing_keys = {k + ".weight" if k in held else k for k in info.missing_keys}
+        info.mismatched_keys = {(k + ".weight" if k in held else k, *x) for k, *x in info.mismatched_keys}
+        return info, *rest
+
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, XLNetRelativeAttention):
-            for param in (module.q, module.k, module.v, module.o, module.r):
-                init.normal_(param, mean=0.0, std=std)
+        if isinstance(module, XLNetRelativeAttention):  # (q, k, v, o, r: as nn.Linear)
             for param in (module.r_r_bias, module.r_s_bias, module.r_w_bias, module.seg_embed):
                 init.normal_(param, mean=0.0, std=std)
         elif isinstance(module, XLNetModel):
@@ -615,12 +623,11 @@ class XLNetModel(XLNetPreTrainedModel):
             )
         return batch, length
 
-    # ----- memory: the one place that reads and writes `mems` -----
+    # ----- position keys -----
 
     def _positions(self, layer_idx, query_length, key_length, position_embeddings, cache, reuse, ring):
-        """Layer `layer_idx`'s position keys W_r R as a function of its `project_positions`, called in its forward
-        (hooks on it see all uses of its weights): from `position_embeddings`, the cache's table (`reuse`; a list
-        then) or ring; `ring`: a static cache prompt's (encodings, tables), to which each layer adds its keys."""
+        """Layer `layer_idx`'s position keys as a function of its `project_positions`, called in its forward (hooks
+        see all uses of its weights); `reuse`: from the cache. `ring`: a static cache prompt's (encodings, tables)."""
         if isinstance(cache, StaticMemoryCache) and cache.ring:
             return lambda project: cache.layers[layer_idx].position_keys
         if not reuse:
@@ -643,8 +650,8 @@ class XLNetModel(XLNetPreTrainedModel):
     # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
-        """fp32 sinusoid encodings R [R, d] of the distances highest ... lowest (k ... -q+1 for "bi", k ... 0 for
-        "uni"), clamped to +-clamp_len when > 0; with `bi_data` [2, R, d], the second set negated (backward half)."""
+        """fp32 sinusoid encodings R [R, d] of distances highest ... lowest, clamped to +-clamp_len when > 0; with
+        `bi_data` [2, R, d], the second set negated (backward half)."""
         positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)
         if self.config.bi_data:
             positions = torch.stack([positions, -positions])
@@ -703,10 +710,9 @@ class XLNetModel(XLNetPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> XLNetModelOutput:
-        """Inputs as transformers' `XLNetModel`'s (`attention_mask` or its negation `input_mask`, `mems`, `perm_mask`,
-        `target_mapping`, `token_type_ids`, `use_mems`). Ours: `cache`, a MemoryCache updated in place instead of
-        `mems`; `predict_next_token`: the query stream of one position right after the input ([B, 1, d]), what
-        transformers' generation gets from its dummy token, without computing the dummy."""
+        """Inputs as transformers' `XLNetModel`'s. Ours: `cache`, a MemoryCache updated in place instead of `mems`;
+        `predict_next_token`: the query stream of one position after the input ([B, 1, d]), what transformers'
+        generation gets from its dummy token, without the dummy."""
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword arguments {sorted(kwargs)}.")
@@ -727,7 +733,7 @@ class XLNetModel(XLNetPreTrainedModel):
         cache_given = cache is not None
         hidden_like = self.word_embedding.weight if inputs_embeds is None else inputs_embeds
         remember = use_mems or cache_given
-        # The memory's keys / values and the position keys are reusable while the weights are frozen.
+        # Memory keys / values and position keys are reusable while the weights are frozen.
         reuse_projections = remember and not self.training and not torch.is_grad_enabled()
         static = isinstance(cache, StaticMemoryCache)
         if static:
@@ -776,7 +782,7 @@ class XLNetModel(XLNetPreTrainedModel):
             # positions count as segment 0, as in the original code.
             key_types = F.pad(token_type_ids, (memory_length, 0)) if memory_length else token_type_ids
             segment_mismatch = token_type_ids[:, :, None] != key_types[:, None, :]
-        position_embeddings = []  # (filled by `_position_keys` when reused)
+        position_embeddings = []  # (filled by `_positions` when reused)
         if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
             position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
@@ -790,7 +796,8 @@ class XLNetModel(XLNetPreTrainedModel):
         for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
-            positions = self._positions(i, query_length, key_length, position_embeddings, cache, reuse_projections, ring)
+            positions = self._positions(i, query_length, key_length, position_embeddings, cache, reuse_projections,
+                                        ring)
             next_content, query_stream, probs, (key, value) = layer(
                 content,
                 query_stream,
@@ -802,7 +809,7 @@ class XLNetModel(XLNetPreTrainedModel):
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 target_mapping=target_mapping,
                 output_attentions=output_attentions,
-                # With a query stream, the last layer's content update is read only as a hidden state / attention.
+                # With a query stream, the last layer's content update is read only as hidden state / attention.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
                 query_after_content=predict_next_token,
                 slot_columns=slot_columns,
@@ -819,7 +826,7 @@ class XLNetModel(XLNetPreTrainedModel):
             hidden_states.extend([content] if query_stream is None else [content, query_stream])
         if stepping:
             cache.advance()
-        elif static:  # the prompt has run: its memory moves into the static slots
+        elif static:  # (the prompt has run: the memory and position keys move into the slots)
             cache.start_ring(ring[1])
 
         output = self.dropout(content if query_stream is None else query_stream)

@@ -4,13 +4,21 @@ Transformer-XL's tied adaptive softmax stays out of `all-linear` and intact unde
 
 import pytest
 import torch
+import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Trainer, TrainingArguments
 
-from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
+from transformers_xl import (
+    TransfoXLConfig,
+    TransfoXLLMHeadModel,
+    XLNetConfig,
+    XLNetForSequenceClassification,
+    XLNetLMHeadModel,
+)
 from transformers_xl.training import MemoryTrainer, TextStream
 
 TRANSFO_XL_TARGETS = ["qkv_net", "o_net", "r_net", "CoreNet.0", "CoreNet.3"]
+XLNET_TARGETS = ["q", "k", "v", "o", "r", "layer_1", "layer_2"]
 
 
 def tiny_transfo_xl(**overrides):
@@ -144,3 +152,69 @@ def test_all_linear_leaves_the_tied_softmax_out_and_merging_keeps_the_embedding(
         torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
     assert torch.equal(merged.transformer.word_emb.emb_layers[0].weight, embedding)
     assert merged.crit.out_layers[0].weight is merged.transformer.word_emb.emb_layers[0].weight
+
+
+# ----- LoRA on XLNet -----
+
+
+def tiny_classifier():
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=40, d_model=16, n_head=2, d_inner=24, n_layer=2, mem_len=4, num_labels=3)
+    return XLNetForSequenceClassification(config).eval()
+
+
+@pytest.mark.parametrize("trainer_class", [Trainer, MemoryTrainer])
+def test_training_xlnet_adapters_changes_only_the_adapters(trainer_class, tmp_path):
+    """XLNet's q, k, v, o, r and feed-forward layers take adapters by name; training changes only those (and the
+    classifier peft trains beside them, `modules_to_save`)."""
+    model = lora(tiny_classifier() if trainer_class is Trainer else tiny_xlnet(), XLNET_TARGETS,
+                 task_type="SEQ_CLS" if trainer_class is Trainer else None)  # fmt: skip
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+    layers = [f"base_model.model.transformer.layer.{i}" for i in range(2)]
+    assert adapted == {f"{layer}.{part}" for layer in layers for part in (
+        "rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.o", "rel_attn.r", "ff.layer_1", "ff.layer_2")}  # fmt: skip
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    if trainer_class is Trainer:
+        rows = [{"input_ids": row, "labels": torch.tensor(i % 3)} for i, row in enumerate(ids(6, seed=1).repeat(3, 1))]
+        trainer = Trainer(model=model, args=train_args(tmp_path), train_dataset=rows)
+    else:
+        stream = TextStream(torch.randint(1, 40, (2 * 4 * 6,), generator=torch.Generator().manual_seed(0)), 2, 6)
+        trainer = MemoryTrainer(model=model, args=train_args(tmp_path), train_dataset=stream)
+    trainer.train()
+    touched = {name for name in changed(before, model) if "modules_to_save" not in name}
+    assert touched and all(".lora_" in name for name in touched)
+    assert {name.rsplit(".lora_", 1)[0] for name in touched} == adapted
+
+
+def test_xlnet_adapters_save_load_merge_and_load_in_transformers(tmp_path):
+    """An adapter saved alone reloads with the same logits; merged, the model equals the adapted one, saves
+    transformers' names and layout (`rel_attn.q` [d_model, n_head, d_head]) and loads in transformers' own
+    XLNetForSequenceClassification with the same logits."""
+    model = lora(tiny_classifier(), XLNET_TARGETS)
+    inputs = ids()
+    with torch.no_grad():
+        adapted = model(inputs).logits
+        assert not torch.allclose(adapted, tiny_classifier()(inputs).logits)
+    model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(tiny_classifier(), tmp_path / "adapter").eval()
+    merged = model.merge_and_unload()
+    merged.save_pretrained(tmp_path / "merged")
+    theirs = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
+    ours = XLNetForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
+    assert merged.state_dict()["transformer.layer.0.rel_attn.q"].shape == (16, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(inputs).logits, adapted)
+        for model in (merged, theirs, ours):
+            torch.testing.assert_close(model(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_xlnet_target_parameters_reach_the_projection_weights():
+    """peft's `target_parameters` adapt the projections' weights too (before, it wrapped the attention module
+    itself, whose other methods the model calls); merged, the model equals the adapted one."""
+    model = get_peft_model(tiny_classifier(), LoraConfig(
+        target_parameters=[f"rel_attn.{p}.weight" for p in "qkvor"], r=2, init_lora_weights=False))  # fmt: skip
+    inputs = ids()
+    with torch.no_grad():
+        adapted = model(inputs).logits
+        assert not torch.allclose(adapted, tiny_classifier()(inputs).logits)
+        torch.testing.assert_close(model.merge_and_unload()(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
