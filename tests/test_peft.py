@@ -17,9 +17,6 @@ from transformers_xl import (
 )
 from transformers_xl.training import MemoryTrainer, TextStream
 
-TRANSFO_XL_TARGETS = ["qkv_net", "o_net", "r_net", "CoreNet.0", "CoreNet.3"]
-XLNET_TARGETS = ["q", "k", "v", "o", "r", "layer_1", "layer_2"]
-
 
 def tiny_transfo_xl(**overrides):
     torch.manual_seed(0)
@@ -80,81 +77,7 @@ def test_position_projections_run_inside_their_layers_forward(make_model, static
         assert projections_used_outside_their_layer(model, lambda m: forward_then_decode(m, static)) == []
 
 
-# ----- LoRA on Transformer-XL -----
-
-
-def lora(model, targets=TRANSFO_XL_TARGETS, **kwargs):
-    """`model` with rank-2 adapters that start away from zero (so that they change the outputs)."""
-    return get_peft_model(model, LoraConfig(target_modules=targets, r=2, init_lora_weights=False, **kwargs))
-
-
-def changed(before, model):
-    return {name for name, p in model.named_parameters() if not torch.equal(before[name], p.detach())}
-
-
-def train_args(tmp_path, **kwargs):
-    return TrainingArguments(
-        output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, max_steps=3, learning_rate=0.1,
-        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", seed=0, disable_tqdm=True,
-        dataloader_num_workers=0, **kwargs,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize("trainer_class", [Trainer, MemoryTrainer])
-def test_training_transfo_xl_adapters_changes_only_the_adapters(trainer_class, tmp_path):
-    """Every projection and feed-forward layer gets an adapter, also the position projection r_net (run inside each
-    layer); a few steps of Trainer or MemoryTrainer (which carries the memory) change the adapters and nothing else."""
-    model = lora(tiny_transfo_xl(untie_r=True))
-    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
-    layers = [f"base_model.model.transformer.layers.{i}" for i in range(2)]
-    assert adapted == {f"{layer}.{part}" for layer in layers for part in (
-        "dec_attn.qkv_net", "dec_attn.o_net", "dec_attn.r_net", "pos_ff.CoreNet.0", "pos_ff.CoreNet.3")}  # fmt: skip
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    stream = TextStream(torch.randint(1, 40, (2 * 4 * 6,), generator=torch.Generator().manual_seed(0)), 2, 6)
-    if trainer_class is Trainer:
-        rows = [{"input_ids": row, "labels": row} for row in ids(6, seed=1).repeat(3, 1)]
-        trainer = Trainer(model=model, args=train_args(tmp_path), train_dataset=rows)
-    else:
-        trainer = MemoryTrainer(model=model, args=train_args(tmp_path), train_dataset=stream)
-    trainer.train()
-    touched = changed(before, model)
-    assert touched and all(".lora_" in name for name in touched)
-    assert {name.rsplit(".lora_", 1)[0] for name in touched} == adapted
-
-
-def test_transfo_xl_adapters_save_load_and_merge(tmp_path):
-    """An adapter saved alone reloads onto a fresh base model with the same logits; merged, it equals the adapted
-    model."""
-    model = lora(tiny_transfo_xl())
-    inputs = ids()
-    with torch.no_grad():
-        adapted = model(inputs).logits
-        assert not torch.allclose(adapted, tiny_transfo_xl()(inputs).logits)
-    model.save_pretrained(tmp_path / "adapter")
-    reloaded = PeftModel.from_pretrained(tiny_transfo_xl(), tmp_path / "adapter").eval()
-    merged = model.merge_and_unload()
-    with torch.no_grad():
-        torch.testing.assert_close(reloaded(inputs).logits, adapted)
-        torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
-
-
-def test_all_linear_leaves_the_tied_softmax_out_and_merging_keeps_the_embedding():
-    """`target_modules="all-linear"` adapts every linear layer but the softmax's, tied to the input embedding (as
-    peft leaves out GPT-2's lm_head): merging then changes no embedding and equals the adapted model."""
-    base = tiny_transfo_xl(div_val=1, tie_weight=True)
-    embedding = base.transformer.word_emb.emb_layers[0].weight.detach().clone()
-    model = lora(base, targets="all-linear")
-    assert not any(".crit." in name for name, _ in model.named_parameters() if ".lora_" in name)
-    inputs = ids()
-    with torch.no_grad():
-        adapted = model(inputs).logits
-        merged = model.merge_and_unload()
-        torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
-    assert torch.equal(merged.transformer.word_emb.emb_layers[0].weight, embedding)
-    assert merged.crit.out_layers[0].weight is merged.transformer.word_emb.emb_layers[0].weight
-
-
-# ----- LoRA on XLNet -----
+# ----- LoRA on both models -----
 
 
 def tiny_classifier():
@@ -163,49 +86,87 @@ def tiny_classifier():
     return XLNetForSequenceClassification(config).eval()
 
 
+# Each model family: its language model, its layers, the modules named as targets and the submodules they reach.
+FAMILIES = {
+    "transfo-xl": (tiny_transfo_xl, "transformer.layers", ["qkv_net", "o_net", "r_net", "CoreNet.0", "CoreNet.3"],
+                   ["dec_attn.qkv_net", "dec_attn.o_net", "dec_attn.r_net", "pos_ff.CoreNet.0", "pos_ff.CoreNet.3"]),
+    "xlnet": (tiny_xlnet, "transformer.layer", ["q", "k", "v", "o", "r", "layer_1", "layer_2"],
+              ["rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.o", "rel_attn.r", "ff.layer_1", "ff.layer_2"]),
+}  # fmt: skip
+
+
+def lora(model, targets, **kwargs):
+    """`model` with rank-2 adapters that start away from zero (so that they change the outputs)."""
+    return get_peft_model(model, LoraConfig(target_modules=targets, r=2, init_lora_weights=False, **kwargs))
+
+
+def adapted_modules(model):
+    return {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+
+
+def train_args(tmp_path):
+    return TrainingArguments(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, max_steps=3, learning_rate=0.1,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", seed=0, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("trainer_class", [Trainer, MemoryTrainer])
-def test_training_xlnet_adapters_changes_only_the_adapters(trainer_class, tmp_path):
-    """XLNet's q, k, v, o, r and feed-forward layers take adapters by name; training changes only those (and the
-    classifier peft trains beside them, `modules_to_save`)."""
-    model = lora(tiny_classifier() if trainer_class is Trainer else tiny_xlnet(), XLNET_TARGETS,
-                 task_type="SEQ_CLS" if trainer_class is Trainer else None)  # fmt: skip
-    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
-    layers = [f"base_model.model.transformer.layer.{i}" for i in range(2)]
-    assert adapted == {f"{layer}.{part}" for layer in layers for part in (
-        "rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.o", "rel_attn.r", "ff.layer_1", "ff.layer_2")}  # fmt: skip
+def test_training_with_adapters_changes_only_the_adapters(family, trainer_class, tmp_path):
+    """Every attention projection (the position projection too) and feed-forward layer takes an adapter by name; a
+    few steps of Trainer, or of MemoryTrainer (which carries the memory), change the adapters and nothing else."""
+    make_model, layers, targets, reached = FAMILIES[family]
+    model = lora(make_model(), targets)
+    expected = {f"base_model.model.{layers}.{i}.{part}" for i in range(2) for part in reached}
+    assert adapted_modules(model) == expected
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     if trainer_class is Trainer:
-        rows = [{"input_ids": row, "labels": torch.tensor(i % 3)} for i, row in enumerate(ids(6, seed=1).repeat(3, 1))]
+        rows = [{"input_ids": row, "labels": row} for row in ids(6, seed=1).repeat(3, 1)]
         trainer = Trainer(model=model, args=train_args(tmp_path), train_dataset=rows)
     else:
         stream = TextStream(torch.randint(1, 40, (2 * 4 * 6,), generator=torch.Generator().manual_seed(0)), 2, 6)
         trainer = MemoryTrainer(model=model, args=train_args(tmp_path), train_dataset=stream)
     trainer.train()
-    touched = {name for name in changed(before, model) if "modules_to_save" not in name}
-    assert touched and all(".lora_" in name for name in touched)
-    assert {name.rsplit(".lora_", 1)[0] for name in touched} == adapted
+    touched = {name for name, p in model.named_parameters() if not torch.equal(before[name], p.detach())}
+    assert {name.rsplit(".lora_", 1)[0] for name in touched} == expected
+    assert all(".lora_" in name for name in touched)
 
 
-def test_xlnet_adapters_save_load_merge_and_load_in_transformers(tmp_path):
-    """An adapter saved alone reloads with the same logits; merged, the model equals the adapted one, saves
-    transformers' names and layout (`rel_attn.q` [d_model, n_head, d_head]) and loads in transformers' own
-    XLNetForSequenceClassification with the same logits."""
-    model = lora(tiny_classifier(), XLNET_TARGETS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_adapters_save_load_and_merge(family, tmp_path):
+    """An adapter saved alone reloads onto a fresh base model with the same logits; merged, the model equals the
+    adapted one."""
+    make_model, _, targets, _ = FAMILIES[family]
+    model = lora(make_model(), targets)
     inputs = ids()
     with torch.no_grad():
         adapted = model(inputs).logits
-        assert not torch.allclose(adapted, tiny_classifier()(inputs).logits)
+        assert not torch.allclose(adapted, make_model()(inputs).logits)
     model.save_pretrained(tmp_path / "adapter")
-    reloaded = PeftModel.from_pretrained(tiny_classifier(), tmp_path / "adapter").eval()
+    reloaded = PeftModel.from_pretrained(make_model(), tmp_path / "adapter").eval()
     merged = model.merge_and_unload()
-    merged.save_pretrained(tmp_path / "merged")
-    theirs = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
-    ours = XLNetForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
-    assert merged.state_dict()["transformer.layer.0.rel_attn.q"].shape == (16, 2, 8)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(inputs).logits, adapted)
-        for model in (merged, theirs, ours):
-            torch.testing.assert_close(model(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_a_merged_xlnet_loads_in_transformers_xlnet(tmp_path):
+    """A merged classifier saves transformers' names and layout (`rel_attn.q` [d_model, n_head, d_head], also in
+    `state_dict()`) and loads in transformers' own XLNetForSequenceClassification, and in ours, with its logits."""
+    model = lora(tiny_classifier(), FAMILIES["xlnet"][2], task_type="SEQ_CLS")
+    inputs = ids()
+    with torch.no_grad():
+        adapted = model(inputs).logits
+    merged = model.merge_and_unload()
+    assert merged.state_dict()["transformer.layer.0.rel_attn.q"].shape == (16, 2, 8)
+    merged.save_pretrained(tmp_path)
+    theirs = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path).eval()
+    ours = XLNetForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        for loaded in (merged, theirs, ours):
+            torch.testing.assert_close(loaded(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
 
 
 def test_xlnet_target_parameters_reach_the_projection_weights():
@@ -218,3 +179,19 @@ def test_xlnet_target_parameters_reach_the_projection_weights():
         adapted = model(inputs).logits
         assert not torch.allclose(adapted, tiny_classifier()(inputs).logits)
         torch.testing.assert_close(model.merge_and_unload()(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_all_linear_leaves_the_tied_softmax_out_and_merging_keeps_the_embedding():
+    """`target_modules="all-linear"` adapts every linear layer but the softmax's, tied to the input embedding (as
+    peft leaves out GPT-2's lm_head): merging then changes no embedding and equals the adapted model."""
+    base = tiny_transfo_xl(div_val=1, tie_weight=True)
+    embedding = base.transformer.word_emb.emb_layers[0].weight.detach().clone()
+    model = lora(base, "all-linear")
+    assert adapted_modules(model) and not any(".crit." in name for name in adapted_modules(model))
+    inputs = ids()
+    with torch.no_grad():
+        adapted = model(inputs).logits
+        merged = model.merge_and_unload()
+        torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
+    assert torch.equal(merged.transformer.word_emb.emb_layers[0].weight, embedding)
+    assert merged.crit.out_layers[0].weight is merged.transformer.word_emb.emb_layers[0].weight

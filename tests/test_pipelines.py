@@ -32,7 +32,7 @@ def xlnet():
     pieces = [(symbol, 0.0) for symbol in specials] + [("▁", -3.0)]
     pieces += [(letter, -5.0) for letter in "abcdefghijklmnopqrstuvwxyz"] + [(f"▁{w}", -2.0) for w in WORDS]
     tokenizer = XLNetTokenizer(vocab=pieces)
-    torch.manual_seed(0)
+    torch.manual_seed(2)  # (a model whose greedy continuation is not all special tokens: the tests compare its text)
     config = XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_head=4, d_inner=37, n_layer=2, dropout=0.0,
                          mem_len=16, pad_token_id=5, eos_token_id=None)  # fmt: skip
     return scramble(XLNetLMHeadModel(config)), tokenizer
