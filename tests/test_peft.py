@@ -138,8 +138,9 @@ def test_training_with_adapters_changes_only_the_adapters(family, trainer_class,
 def test_adapters_save_load_and_merge(family, tmp_path):
     """An adapter saved alone reloads onto a fresh base model with the same logits; merged, the model equals the
     adapted one."""
-    make_model, _, targets, _ = FAMILIES[family]
+    make_model, layers, targets, reached = FAMILIES[family]
     model = lora(make_model(), targets)
+    assert adapted_modules(model) == {f"base_model.model.{layers}.{i}.{part}" for i in range(2) for part in reached}
     inputs = ids()
     with torch.no_grad():
         adapted = model(inputs).logits
@@ -156,6 +157,7 @@ def test_a_merged_xlnet_loads_in_transformers_xlnet(tmp_path):
     """A merged classifier saves transformers' names and layout (`rel_attn.q` [d_model, n_head, d_head], also in
     `state_dict()`) and loads in transformers' own XLNetForSequenceClassification, and in ours, with its logits."""
     model = lora(tiny_classifier(), FAMILIES["xlnet"][2], task_type="SEQ_CLS")
+    assert {name.rsplit(".", 1)[-1] for name in adapted_modules(model)} == set(FAMILIES["xlnet"][2])
     inputs = ids()
     with torch.no_grad():
         adapted = model(inputs).logits
