@@ -719,7 +719,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         if input_ids is not None:
             inputs_embeds = self.word_emb(input_ids)
         biases = (self.r_w_bias, self.r_r_bias) if hasattr(self, "r_w_bias") else None
-        position_embedding = []  # (projected once per forward for every layer, or read from the cache's table)
+        position_embedding = []  # (made once per forward, projected by each layer; or the encodings of cache misses)
         lowest = None  # (the lowest distance of the position encodings; a static cache's step has its own table)
         if slot_distances is None:
             lowest = 0 if config.attn_type == 2 else self._lowest_distance(query_length, key_length)
