@@ -277,7 +277,7 @@ def streamed_weight_bytes(model) -> int:
     tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)}
     read = {}
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name not in tables and not name.endswith(("r_net.weight", "rel_attn.r")):
+        if name not in tables and not name.endswith(("r_net.weight", "rel_attn.r.weight")):
             read[id(parameter)] = parameter.numel() * parameter.element_size()
     return sum(read.values())
 

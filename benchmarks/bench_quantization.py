@@ -5,7 +5,7 @@
 
 Variants of the demo's model (`FOLDER/model`): fp32 (the reference), int8 (`quantize_dynamic_int8`: torch.ao dynamic
 quantization of every linear layer), bf16 (the weights cast, `model.to(torch.bfloat16)`) and, when torchao is
-installed, torchao's int8 weight-only (`quantize_(use_linear_layers(model), Int8WeightOnlyConfig())`). For each:
+installed, torchao's int8 weight-only (`quantize_(model, Int8WeightOnlyConfig())`). For each:
 
 - decoding speed: seconds per new token of greedy decoding (batch 1, the memory cache), the median interval between
   decoding steps (bench_generation.py's clock), the variants alternating over `--rounds` rounds; speed-up over fp32;
@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel
 
 from transformers_xl.modeling.memory_cache import MemoryCache
-from transformers_xl.modeling.quantization import quantize_dynamic_int8, use_linear_layers
+from transformers_xl.modeling.quantization import quantize_dynamic_int8
 from transformers_xl.training.demo import read_stream, stdlib_files
 
 
@@ -49,7 +49,7 @@ def variants(model) -> dict:
     except ImportError:
         print("torchao is not installed: its int8 weight-only variant is not measured")
     else:
-        weight_only = use_linear_layers(copy.deepcopy(model))
+        weight_only = copy.deepcopy(model)
         quantize_(weight_only, Int8WeightOnlyConfig())
         models["int8 weight-only (torchao)"] = weight_only
     return models

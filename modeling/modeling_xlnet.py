@@ -99,40 +99,48 @@ class XLNetRelativeAttention(nn.Module):
                  + (q_i + v)^T W_r R_{i-j}    (b) + (d): relative position; v = `r_r_bias`, W_r = `r`
                  + (q_i + b)^T s_ij           segment; b = `r_s_bias`, s_ij = `seg_embed`[0 if same segment else 1]
 
-    Both streams attend to the content keys and values over [memory; segment]; parameters [d_model, n_head, d_head]."""
+    Both streams attend to the content keys and values over [memory; segment]. q, k, v, o, r are `nn.Linear`
+    layers; state dicts hold them in transformers' [d_model, n_head, d_head] layout."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
         self.config = config  # read at every call, so that `set_attn_implementation` takes effect
-        self.n_head, self.d_head, self.d_model = config.n_head, config.d_head, config.d_model
+        self.n_head, self.d_head = config.n_head, config.d_head
         self.bi_data = config.bi_data
         self.scale = config.d_head**-0.5
         self.attention_dropout = config.dropout
-        shape = (config.d_model, config.n_head, config.d_head)
-        self.q = nn.Parameter(torch.empty(shape))
-        self.k = nn.Parameter(torch.empty(shape))
-        self.v = nn.Parameter(torch.empty(shape))
-        self.o = nn.Parameter(torch.empty(shape))
-        self.r = nn.Parameter(torch.empty(shape))
+        inner = config.n_head * config.d_head
+        self.q = nn.Linear(config.d_model, inner, bias=False)
+        self.k = nn.Linear(config.d_model, inner, bias=False)
+        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, config.d_model, bias=False)
+        self.r = nn.Linear(config.d_model, inner, bias=False)
         self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.r_s_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
         self.seg_embed = nn.Parameter(torch.empty(2, config.n_head, config.d_head))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.register_state_dict_post_hook(_save_layout)
+        self.register_load_state_dict_pre_hook(_load_layout)
 
     def _heads(self, x: torch.Tensor, projection) -> torch.Tensor:
-        """[B, L, d] x [d, H, D] -> [B, H, L, D] (see `_project`)."""
-        return _project(x, projection).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
+        """[B, L, d] -> [B, H, L, D]."""
+        return projection(x).unflatten(-1, (self.n_head, self.d_head)).transpose(1, 2)
 
-    def use_linear_layers(self):
-        """q, k, v, r, o as `nn.Linear` layers of the same products, for quantization tools (not for saving)."""
-        for name in ("q", "k", "v", "r", "o"):
-            weight = getattr(self, name).detach().flatten(1)
-            weight = weight if name == "o" else weight.t()
-            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-            layer.weight.data.copy_(weight)
+    def checkpoint_layout(self, held: bool):
+        """q, k, v, o, r as parameters in transformers' layout (held) or as layers."""
+        for name in PROJECTIONS:
+            old = getattr(self, name)
             delattr(self, name)
+            if held:
+                weight = _checkpoint_tensor(name, old.weight, self.n_head)
+                setattr(self, name, nn.Parameter(weight, old.weight.requires_grad))
+                continue
+            weight = _linear_tensor(name, old)
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+            layer.weight = nn.Parameter(weight, old.requires_grad)
+            layer.weight._is_hf_initialized = getattr(old, "_is_hf_initialized", False)
             setattr(self, name, layer)
 
     def project_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +149,7 @@ class XLNetRelativeAttention(nn.Module):
 
     def project_positions(self, position_embeddings: torch.Tensor) -> torch.Tensor:
         """W_r R once for the batch: [R, d] -> [H, R, D]; `bi_data`'s [2, R, d] -> [2, 1, H, R, D] (batch halves)."""
-        keys = _project(position_embeddings.to(self.r_r_bias), self.r)  # (the layer's dtype and device)
+        keys = self.r(position_embeddings.to(self.r_r_bias))  # (the layer's dtype and device)
         keys = keys.unflatten(-1, (self.n_head, self.d_head)).transpose(-2, -3)
         return keys[:, None] if self.bi_data else keys
 
@@ -183,15 +191,14 @@ class XLNetRelativeAttention(nn.Module):
                                    scaling=self.scale, is_causal=False, **bias)  # fmt: skip
 
     def _post_attention(self, residual: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """Output projection o ([B, L, H * D] -> [B, L, d]), dropout, residual and post layer norm."""
-        output = F.linear(attention, self.o.flatten(1)) if isinstance(self.o, torch.Tensor) else self.o(attention)
-        return self.layer_norm(self.dropout(output) + residual)
+        """o ([B, L, H * D] -> [B, L, d]), dropout, residual, post layer norm."""
+        return self.layer_norm(self.dropout(self.o(attention)) + residual)
 
     def forward(
         self,
         content: torch.Tensor,
         query_stream: torch.Tensor | None,
-        position_keys: torch.Tensor,
+        positions: Callable,
         content_mask: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
@@ -205,7 +212,9 @@ class XLNetRelativeAttention(nn.Module):
     ):
         """-> (content | None, query | None, probabilities, (keys, values)). `cached_memory`: reused memory keys and
         values; `update_content=False`: no content stream; `query_after_content`: one query row after the segment;
-        `slot_columns`: a static step (`query_mask` covers every row)."""
+        `slot_columns`: a static step (`query_mask` covers every row); `positions`: see
+        `XLNetModel._positions`."""
+        position_keys = positions(self.project_positions)
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
@@ -265,9 +274,28 @@ class XLNetRelativeAttention(nn.Module):
         return content_out, query_out, probs, (key, value)
 
 
-def _project(x: torch.Tensor, projection) -> torch.Tensor:
-    """x W for a parameter [d_model, H, D] (the original layout), or the layer `use_linear_layers` put there."""
-    return torch.matmul(x, projection.flatten(1)) if isinstance(projection, torch.Tensor) else projection(x)
+PROJECTIONS = ("q", "k", "v", "o", "r")
+
+
+def _checkpoint_tensor(name: str, weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """[out, in] -> [d_model, H, D] (x W; o as einsum("...hd,mhd->...m"))."""
+    return (weight if name == "o" else weight.t()).unflatten(1, (heads, -1)).contiguous()
+
+
+def _linear_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.flatten(1) if name == "o" else tensor.flatten(1).t()).contiguous()
+
+
+def _save_layout(module, state_dict, prefix, *args):  # (an adapter's q.base_layer.weight stays)
+    for name in PROJECTIONS:
+        if (key := prefix + name) + ".weight" in state_dict:
+            state_dict[key] = _checkpoint_tensor(name, state_dict.pop(key + ".weight"), module.n_head)
+
+
+def _load_layout(module, state_dict, prefix, *args):
+    for name in PROJECTIONS:
+        if (key := prefix + name) in state_dict and isinstance(getattr(module, name), nn.Linear):
+            state_dict[key + ".weight"] = _linear_tensor(name, state_dict.pop(key))
 
 
 class RecomputedActivation(torch.autograd.Function):
@@ -329,41 +357,13 @@ class XLNetLayer(GradientCheckpointingLayer):
         self.chunk_size_feed_forward = config.chunk_size_feed_forward
 
     def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.chunk_size_feed_forward:  # position-wise, so chunks along the sequence bound the d_inner activations
+        if self.chunk_size_feed_forward:  # (position-wise: chunks bound the d_inner activations)
             return torch.cat([self.ff(chunk) for chunk in hidden.split(self.chunk_size_feed_forward, dim=1)], dim=1)
         return self.ff(hidden)
 
-    def forward(
-        self,
-        content: torch.Tensor,
-        query_stream: torch.Tensor | None,
-        position_keys: torch.Tensor,
-        content_mask: torch.Tensor | None = None,
-        query_mask: torch.Tensor | None = None,
-        segment_mismatch: torch.Tensor | None = None,
-        memory: torch.Tensor | None = None,
-        cached_memory: MemoryLayer | None = None,
-        target_mapping: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        update_content: bool = True,
-        query_after_content: bool = False,
-        slot_columns: torch.Tensor | None = None,
-    ):
-        content, query_stream, probs, key_values = self.rel_attn(
-            content,
-            query_stream,
-            position_keys,
-            content_mask=content_mask,
-            query_mask=query_mask,
-            segment_mismatch=segment_mismatch,
-            memory=memory,
-            cached_memory=cached_memory,
-            target_mapping=target_mapping,
-            output_attentions=output_attentions,
-            update_content=update_content,
-            query_after_content=query_after_content,
-            slot_columns=slot_columns,
-        )
+    def forward(self, content: torch.Tensor, query_stream: torch.Tensor | None, positions: Callable, **kwargs):
+        """As XLNetRelativeAttention.forward."""
+        content, query_stream, probs, key_values = self.rel_attn(content, query_stream, positions, **kwargs)
         if content is None or query_stream is None:  # a single stream to update
             content, query_stream = (None if x is None else self._feed_forward(x) for x in (content, query_stream))
             return content, query_stream, probs, key_values
@@ -494,12 +494,28 @@ class XLNetPreTrainedModel(PreTrainedModel):
         # The memory is the legacy `mems` tuple, not a transformers Cache: never DynamicCache.
         return False
 
+    @staticmethod
+    def _load_pretrained_model(model, *args, **kwargs):
+        """transformers' loading with q, k, v, o, r held as the files' [d_model, H, D] parameters: it loads tensors by
+        name, converting layouts only by mappings registered process-wide per class name or model_type (its XLNet's
+        too)."""
+        layers = {n: m for n, m in model.named_modules() if isinstance(m, XLNetRelativeAttention)}
+        for layer in layers.values():
+            layer.checkpoint_layout(True)
+        try:
+            info, *rest = PreTrainedModel._load_pretrained_model(model, *args, **kwargs)
+        finally:
+            for layer in layers.values():
+                layer.checkpoint_layout(False)
+        held = {f"{n}.{p}" for n in layers for p in PROJECTIONS}
+        info.missing_keys = {k + ".weight" if k in held else k for k in info.missing_keys}
+        info.mismatched_keys = {(k + ".weight" if k in held else k, *x) for k, *x in info.mismatched_keys}
+        return info, *rest
+
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, XLNetRelativeAttention):
-            for param in (module.q, module.k, module.v, module.o, module.r):
-                init.normal_(param, mean=0.0, std=std)
+        if isinstance(module, XLNetRelativeAttention):  # (q, k, v, o, r: as nn.Linear)
             for param in (module.r_r_bias, module.r_s_bias, module.r_w_bias, module.seg_embed):
                 init.normal_(param, mean=0.0, std=std)
         elif isinstance(module, XLNetModel):
@@ -595,23 +611,29 @@ class XLNetModel(XLNetPreTrainedModel):
             )
         return batch, length
 
-    # ----- memory: the one place that reads and writes `mems` -----
+    # ----- position keys -----
 
-    def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
-        """Layer `layer_idx`'s W_r R; with a reusable cache, sliced from its table."""
-        attention = self.layer[layer_idx].rel_attn
-        if cache is None:
-            return attention.project_positions(position_embeddings)
+    def _positions(self, layer_idx, query_length, key_length, position_embeddings, cache, reuse, ring):
+        """Layer `layer_idx`'s position keys as a function of its `project_positions`, called in its forward (hooks
+        see all uses of its weights); `reuse`: from the cache. `ring`: a static cache prompt's (encodings, tables)."""
+        if isinstance(cache, StaticMemoryCache) and cache.ring:
+            return lambda project: cache.layers[layer_idx].position_keys
+        if not reuse:
+            return lambda project: project(position_embeddings)
         lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
+        device = self.layer[layer_idx].rel_attn.r_r_bias.device
 
         def encodings(n):  # (distances lowest + n - 1 ... lowest)
             if not position_embeddings or position_embeddings[-1].shape[-2] != n:
-                device = attention.r_r_bias.device
                 position_embeddings.append(self._relative_position_embeddings(lowest + n - 1, lowest, device))
             return position_embeddings[-1]
 
-        span = key_length - lowest + 1
-        return cache.position_keys(layer_idx, span, lowest, lambda n: attention.project_positions(encodings(n)))
+        def position_keys(project):
+            if ring is not None:
+                ring[1].append(project(ring[0]))
+            return cache.position_keys(layer_idx, key_length - lowest + 1, lowest, lambda n: project(encodings(n)))
+
+        return position_keys
 
     # ----- encodings and masks -----
 
@@ -751,10 +773,13 @@ class XLNetModel(XLNetPreTrainedModel):
                 content_mask = flex_mask(content_mask, query_length, key_length, device)
             if target_mapping is not None:
                 query_mask = flex_mask(query_mask, query_length, key_length, device)
-        position_embeddings = []  # (filled by `_position_keys` when reused)
+        position_embeddings = []  # (filled by `_positions` when reused)
         if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
             position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
+        ring = None  # (a static cache's prompt: distances R ... -1)
+        if static and not stepping:
+            ring = self._relative_position_embeddings(cache.slot_count, -1, device), []
 
         hidden_states = [] if output_hidden_states else None
         attentions = [] if output_attentions else None
@@ -762,16 +787,12 @@ class XLNetModel(XLNetPreTrainedModel):
         for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
-            if stepping:
-                position_keys = cache.layers[i].position_keys
-            else:
-                position_keys = self._position_keys(
-                    i, query_length, key_length, position_embeddings, cache if reuse_projections else None
-                )
+            positions = self._positions(i, query_length, key_length, position_embeddings, cache, reuse_projections,
+                                        ring)
             next_content, query_stream, probs, (key, value) = layer(
                 content,
                 query_stream,
-                position_keys,
+                positions,
                 content_mask=content_mask,
                 query_mask=query_mask,
                 segment_mismatch=segment_mismatch,
@@ -796,8 +817,9 @@ class XLNetModel(XLNetPreTrainedModel):
             hidden_states.extend([content] if query_stream is None else [content, query_stream])
         if stepping:
             cache.advance()
-        elif static:  # the prompt has run: into the slots
-            self._start_ring(cache)
+        elif static:  # (the prompt has run: into the slots; the first step rewrites 1 position, 2 if it filled reuse_len)
+            reuse_len = self.config.reuse_len
+            cache.start_ring(ring[1], rewritten=2 if reuse_len and cache.last_stored >= reuse_len else 1)
 
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(
@@ -839,14 +861,6 @@ class XLNetModel(XLNetPreTrainedModel):
         mask.masked_fill_(masked, torch.finfo(dtype).min)
         mask.masked_fill_(newest_distance > cache.newest - cache.oldest, -torch.inf)
         return cache.slot_count - distances, mask[None, None]
-
-    def _start_ring(self, cache):
-        """After the prompt: the memory moves into the slots, with each layer's position keys; the first step
-        rewrites the newest remembered position (two if the prompt filled `reuse_len`)."""
-        device = self.word_embedding.weight.device
-        distances = self._relative_position_embeddings(cache.slot_count, -1, device)
-        rewritten = 2 if self.config.reuse_len and cache.last_stored >= self.config.reuse_len else 1
-        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer], rewritten=rewritten)
 
 
 def _drop_newest(cache: MemoryCache, count: int):

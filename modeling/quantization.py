@@ -1,10 +1,8 @@
 """int8 quantization of both models for CPU inference, every projection and output layer included.
 
-The models call their linear layers as modules (`self.qkv_net(x)`), so tools that quantize `nn.Linear`
-layers reach all of them: for Transformer-XL, torchao's `quantize_(model, config)` alone quantizes every projection,
-feed-forward layer and output layer of the adaptive softmax. XLNet's attention projections are parameters in the
-original [d_model, heads, d_head] layout (the checkpoints' names), so `use_linear_layers` first turns them into
-`nn.Linear` layers of the same products; then any tool that quantizes `nn.Linear` layers covers them as well.
+The models call their linear layers as modules (`self.qkv_net(x)`, XLNet's `self.q(x)`), so tools that quantize
+`nn.Linear` layers reach all of them: torchao's `quantize_(model, config)` alone quantizes every projection,
+feed-forward layer and output layer (of the adaptive softmax).
 torchao is an optional dependency (the `torchao` extra): its wheels log failures to load their CUDA extensions and
 deprecation warnings when imported beside a CPU build of torch, and transformers imports it whenever it is installed.
 
@@ -19,14 +17,6 @@ from torch import nn
 TORCHAO_MISSING = 'int8 quantization needs torchao, which is not installed: pip install "transformers-xl[torchao]"'
 
 
-def use_linear_layers(model: nn.Module) -> nn.Module:
-    """`model` (changed in place) with every attention projection an `nn.Linear` layer, for quantization tools."""
-    for module in model.modules():
-        if hasattr(module, "use_linear_layers"):
-            module.use_linear_layers()
-    return model
-
-
 def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` whose linear layers are int8 (torchao's dynamic quantization, CPU or GPU): weights quantized
     once per output channel (one scale per row, which keeps the rare large rows of trained output layers exact
@@ -36,7 +26,7 @@ def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     except ImportError:
         raise ImportError(TORCHAO_MISSING) from None
-    quantized = use_linear_layers(copy.deepcopy(model))
+    quantized = copy.deepcopy(model)
     # (set_inductor_config=False: torchao would otherwise change torch.compile's settings for the whole process)
     quantize_(quantized, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
     return quantized

@@ -276,7 +276,7 @@ def test_streamed_weight_bytes_counts_each_weight_a_decoding_step_reads_once(mon
 
     xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=50, d_model=16, n_layer=2, n_head=2, d_inner=32))
     assert xlnet.lm_loss.weight is xlnet.transformer.word_embedding.weight
-    positions = [layer.rel_attn.r for layer in xlnet.transformer.layer]
+    positions = [layer.rel_attn.r.weight for layer in xlnet.transformer.layer]
     assert bench_generation.streamed_weight_bytes(xlnet) == size(xlnet.parameters()) - size(positions)
     for tie in (True, False):
         txl = TransfoXLLMHeadModel(TransfoXLConfig(vocab_size=50, cutoffs=[10, 30], d_model=16, d_embed=16, n_head=2,

@@ -154,7 +154,7 @@ def position_weight(model):
     """The first layer's projection of the relative encodings."""
     if isinstance(model, TransfoXLLMHeadModel):
         return model.transformer.layers[0].dec_attn.r_net.weight
-    return model.transformer.layer[0].rel_attn.r
+    return model.transformer.layer[0].rel_attn.r.weight
 
 
 def count_position_projections(model, monkeypatch):

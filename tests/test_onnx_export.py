@@ -73,7 +73,9 @@ def test_transformer_xl_lm_streams_through_onnx_runtime_with_its_memory(tmp_path
 
 @pytest.mark.parametrize(
     "name, overrides",
-    [("XLNetLMHeadModel", {}), ("XLNetForQuestionAnswering", {}), ("TransfoXLLMHeadModel", {"same_length": True})],
+    # (the QA head's weights large enough that its top-k candidates are not near ties, which may swap between runtimes)
+    [("XLNetLMHeadModel", {}), ("XLNetForQuestionAnswering", {"initializer_range": 0.3}),
+     ("TransfoXLLMHeadModel", {"same_length": True})],
 )
 def test_dynamic_graph_takes_other_batch_sizes_and_segment_lengths(tmp_path, capsys, name, overrides):
     """--dynamic: batch sizes and segment lengths other than the export's (the beam-search QA head's top-k over the

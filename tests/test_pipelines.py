@@ -33,7 +33,7 @@ def xlnet():
     pieces = [(symbol, 0.0) for symbol in specials] + [("▁", -3.0)]
     pieces += [(letter, -5.0) for letter in "abcdefghijklmnopqrstuvwxyz"] + [(f"▁{w}", -2.0) for w in WORDS]
     tokenizer = XLNetTokenizer(vocab=pieces)
-    torch.manual_seed(0)
+    torch.manual_seed(2)  # (a model whose greedy continuation is not all special tokens: the tests compare its text)
     return scramble(XLNetLMHeadModel(XLNetConfig(vocab_size=len(tokenizer), **TINY_XLNET))), tokenizer
 
 

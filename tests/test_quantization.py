@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from transformers_xl import TransfoXLConfig, TransfoXLLMHeadModel, XLNetConfig, XLNetLMHeadModel
-from transformers_xl.modeling.quantization import TORCHAO_MISSING, quantize_dynamic_int8, use_linear_layers
+from transformers_xl.modeling.quantization import TORCHAO_MISSING, quantize_dynamic_int8
 
 needs_torchao = pytest.mark.skipif(
     find_spec("torchao") is None, reason='needs torchao: pip install "transformers-xl[torchao]"'
@@ -109,7 +109,7 @@ def test_without_torchao_quantization_says_what_to_install(monkeypatch):
 @needs_torchao
 def test_every_linear_layer_is_quantized(trained):
     family, model, _ = trained
-    layers = linear_layer_names(use_linear_layers(copy.deepcopy(model)))
+    layers = linear_layer_names(model)
     per_layer = {"transfo-xl": 5, "xlnet": 7}[family]  # (qkv, r, o, 2 feed-forward) / (q, k, v, r, o, 2 ff)
     assert len(layers) == per_layer * model.config.n_layer + 1  # and the output layer
     quantized = quantize_dynamic_int8(model)
@@ -119,7 +119,7 @@ def test_every_linear_layer_is_quantized(trained):
 
 @needs_torchao
 def test_transfo_xl_quantizes_with_quantize_alone():
-    """torchao's quantize_ without use_linear_layers: Transformer-XL's layers are nn.Linear modules already."""
+    """torchao's quantize_ alone: every projection is an nn.Linear module."""
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
     torch.manual_seed(0)
@@ -129,15 +129,6 @@ def test_transfo_xl_quantizes_with_quantize_alone():
     assert len(quantized_layer_names(quantized)) == 5 * 2 + 1 == len(linear_layer_names(quantized))
     ids = periodic_ids(2, 16)
     torch.testing.assert_close(two_segments(quantized, ids, {}), two_segments(model, ids, {}), atol=0.05, rtol=0)
-
-
-def test_xlnet_linear_layers_compute_the_same_products():
-    torch.manual_seed(0)
-    model, extra = xlnet()
-    model.eval()
-    ids = periodic_ids(2, 16)
-    expected = two_segments(model, ids, extra)
-    torch.testing.assert_close(two_segments(use_linear_layers(model), ids, extra), expected, atol=1e-5, rtol=0)
 
 
 def quantization_error_bound(model, ids, extra, expected):
@@ -191,7 +182,7 @@ def periodic_continuation(prompt, new_tokens):
 def test_torchao_int8_weight_only_reaches_every_layer(trained):
     import torchao.quantization as torchao_quantization
     family, model, extra = trained
-    quantized = use_linear_layers(copy.deepcopy(model))
+    quantized = copy.deepcopy(model)
     torchao_quantization.quantize_(quantized, torchao_quantization.Int8WeightOnlyConfig())
     layers = [module for module in quantized.modules() if isinstance(module, nn.Linear)]
     assert layers and all(type(layer.weight) not in (torch.Tensor, nn.Parameter) for layer in layers)
@@ -204,7 +195,7 @@ def test_torchao_int8_weight_only_reaches_every_layer(trained):
 @needs_torchao
 def test_torchao_config_through_from_pretrained_then_the_rest(trained, tmp_path):
     """transformers' TorchAoConfig quantizes the nn.Linear layers it selects while loading (not the output layers,
-    nor XLNet's attention projections, parameters at that point); torchao's quantize_ then covers the rest."""
+    nor XLNet's attention projections, loaded as parameters in the checkpoints' layout); torchao's quantize_ then covers the rest."""
     import torchao.quantization as torchao_quantization
     from transformers import TorchAoConfig
 
@@ -218,9 +209,9 @@ def test_torchao_config_through_from_pretrained_then_the_rest(trained, tmp_path)
     layers = [module for module in loaded.modules() if isinstance(module, nn.Linear)]
     assert any(not is_plain_linear(layer) for layer in layers)  # (transformers quantized some while loading)
     still_float = lambda module, _: is_plain_linear(module)  # noqa: E731
-    torchao_quantization.quantize_(use_linear_layers(loaded), config, filter_fn=still_float)
+    torchao_quantization.quantize_(loaded, config, filter_fn=still_float)
     layers = [module for module in loaded.modules() if isinstance(module, nn.Linear)]
-    assert len(layers) == len(linear_layer_names(use_linear_layers(copy.deepcopy(model))))
+    assert len(layers) == len(linear_layer_names(model))
     assert not any(is_plain_linear(layer) for layer in layers)
     ids = periodic_ids(3, 16, seed=100)
     expected = two_segments(model, ids, extra)
