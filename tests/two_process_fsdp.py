@@ -1,11 +1,13 @@
-"""One rank of the FSDP runs in test_training_accelerate.py: `accelerate launch --use_fsdp ... two_process_fsdp.py OUT
-MODEL...`, or `python two_process_fsdp.py OUT MODEL...` alone for the one-process reference.
+"""One rank of the FSDP run in test_training_accelerate.py: `accelerate launch --use_fsdp ... two_process_fsdp.py OUT
+MODEL:SHARDING...`, or `python two_process_fsdp.py OUT MODEL...` alone for the one-process reference.
 
-Each MODEL (`transfo-xl`, `xlnet`, or `transformers-xlnet`, transformers' own XLNet as a control) trains 3 steps
-with `MemoryTrainer` on a 4-row stream (2 rows per rank) with the memory carried; each rank writes
-OUT/rank{r}.json: per model, the logged losses, for each forward whether it was fed an empty memory or exactly the
-one its previous forward returned, and how its weights are held (which modules are FSDP units, and each weight's
-local share of its elements).
+Each MODEL (`transfo-xl`, `xlnet`; `transformers-xlnet`, transformers' own XLNet, is a control to run by hand: its
+logged losses are the number of processes times one process's, as its head ignores Trainer's `num_items_in_batch`)
+trains 3 steps with `MemoryTrainer` on a 4-row stream (2 rows per rank) with the memory carried. SHARDING:
+`layers` (`fully_shard` on each layer of the model's `_no_split_modules`, then on the model, by hand), `model`
+(on the model only) or `accelerate` (accelerate's auto-wrap policy does it). Each rank writes OUT/rank{r}.json: per
+run, the logged losses, for each forward whether it was fed an empty memory or exactly the one its previous
+forward returned, and how the weights are held (the FSDP units, each weight's share of its elements on this rank).
 
 accelerate chooses FSDP only on accelerators: on CPU its state is MULTI_CPU, whose branch of
 `AcceleratorState.__init__` never selects FSDP, so `--use_fsdp` on CPU prepares the model with DDP. Under
@@ -77,9 +79,9 @@ def shard_on_cpu(layer_classes):
     state.fsdp_plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=layer_classes)
 
 
-def shard_by_hand(model, layer_classes, sharding):
-    """`fully_shard` on each layer (`layers`), then on the model: accelerate then keeps the model as it is."""
-    if sharding == "layers":
+def shard_by_hand(model, layer_classes, per_layer):
+    """`fully_shard` on each layer (`per_layer`), then on the model: accelerate then keeps the model as it is."""
+    if per_layer:
         for module in list(model.modules()):
             if type(module).__name__ in layer_classes:
                 fully_shard(module)
@@ -111,13 +113,12 @@ def train(spec, out, sharded):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if sharded:
         layer_classes = getattr(model, "_no_split_modules", None) or ["XLNetLayer"]  # (transformers' XLNet has none)
-        if sharding == "accelerate":
-            shard_on_cpu(layer_classes)
-        else:  # (the plugin would look for these classes, which sharding renames FSDP...)
-            shard_on_cpu(None)
-            shard_by_hand(model, layer_classes, sharding)
+        # (sharded by hand, the layers' classes are renamed FSDP...: the plugin would look for the old names in vain)
+        shard_on_cpu(layer_classes if sharding == "accelerate" else None)
+        if sharding != "accelerate":
+            shard_by_hand(model, layer_classes, per_layer=sharding == "layers")
     args = TrainingArguments(
-        output_dir=os.path.join(out, name), per_device_train_batch_size=ROWS // world, max_steps=3, use_cpu=True,
+        output_dir=os.path.join(out, spec.replace(":", "-")), per_device_train_batch_size=ROWS // world, max_steps=3, use_cpu=True,
         report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, learning_rate=1e-2,
         accelerator_config={"use_configured_state": sharded},  # (keep shard_on_cpu's state)
     )  # fmt: skip
