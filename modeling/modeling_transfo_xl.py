@@ -10,6 +10,7 @@ inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. 
 """
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -383,7 +384,7 @@ class TransfoXLAttention(nn.Module):
         hidden: torch.Tensor,
         memory: torch.Tensor | None,
         cached_memory: MemoryLayer | None,
-        position_keys: torch.Tensor | None,
+        positions: Callable | None,
         mask: torch.Tensor,
         biases: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False,
@@ -391,7 +392,8 @@ class TransfoXLAttention(nn.Module):
     ):
         """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)
         over [memory; segment]). `cached_memory`: a cache layer whose memory keys and values are reused (exact: they
-        depend on the memory only). `mask` [B or 1, 1, q, k]: True where query i may not attend key j.
+        depend on the memory only). `positions`: the position keys as a function of `project_positions` (see
+        `TransfoXLModel._positions`). `mask` [B or 1, 1, q, k]: True where query i may not attend key j.
         `output_attentions`: probabilities, from "eager". `slot_distances` [k]: a static cache step's key distances."""
         batch_size, query_length = hidden.shape[:2]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
@@ -401,6 +403,7 @@ class TransfoXLAttention(nn.Module):
         else:
             key, value = key_values_over(memory, key, value, self.project_keys_values)
 
+        position_keys = None if positions is None else positions(self.project_positions)
         r_w_bias, r_r_bias = biases if biases is not None else (getattr(self, "r_w_bias", None), None)
         if self.attn_type == 0 and biases is None:
             r_r_bias = self.r_r_bias
@@ -484,7 +487,7 @@ class TransfoXLLayer(GradientCheckpointingLayer):
         hidden,
         memory=None,
         cached_memory=None,
-        position_keys=None,
+        positions=None,
         mask=None,
         biases=None,
         output_attentions=False,
@@ -494,7 +497,7 @@ class TransfoXLLayer(GradientCheckpointingLayer):
             hidden, memory = self._add_absolute_positions(hidden, memory)
             cached_memory = None  # the memory's keys depend on this segment's position offsets
         output, probs, key_values = self.dec_attn(
-            hidden, memory, cached_memory, position_keys, mask, biases, output_attentions, slot_distances
+            hidden, memory, cached_memory, positions, mask, biases, output_attentions, slot_distances
         )
         return self.pos_ff(output), probs, key_values
 
@@ -703,7 +706,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             self._check_static_cache(cache, mems, reuse_projections, batch_size, query_length, dtype)
         slot_distances = None  # (a static cache's step: every key slot's distance, see StaticMemoryCache)
         if static and cache.ring:
-            slot_distances = cache.slot_distances()
+            slot_distances, key_length = cache.slot_distances(), None  # (the keys: the ring's slots)
             step_attendable = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
             if attention_mask is not None:
                 step_attendable = attention_mask[:, -1:].bool()
@@ -722,6 +725,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             lowest = 0 if config.attn_type == 2 else self._lowest_distance(query_length, key_length)
         if config.attn_type == 2 or (config.attn_type == 0 and not reuse_projections):
             position_embedding = self._position_embedding(key_length - 1, lowest, inputs_embeds.dtype, device)
+        ring = None  # (a static cache's prompt: the encodings of distances mem_len ... 0, each layer's keys of them)
+        if static and slot_distances is None:
+            ring = self._position_embedding(config.mem_len, 0, dtype, device), []
 
         hidden = self.drop(inputs_embeds)
         unpositioned = hidden  # layer 0 remembers its inputs without absolute positions: they are re-added per segment
@@ -735,17 +741,12 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             memory = None if slot_distances is not None else cache.memory(i)
             if config.attn_type == 2 and i == 0 and memory_length:
                 memory = memory + position_embedding[:memory_length]
-            if slot_distances is not None:
-                position_keys = cache.layers[i].position_keys
-            else:
-                position_keys = self._position_keys(
-                    i, key_length, lowest, position_embedding, cache if reuse_projections else None
-                )
+            positions = self._positions(i, key_length, lowest, position_embedding, cache, reuse_projections, ring)
             output, probs, (key, value) = layer(
                 hidden,
                 memory=memory,
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
-                position_keys=position_keys,
+                positions=positions,
                 mask=mask,
                 biases=biases,
                 output_attentions=output_attentions,
@@ -766,7 +767,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         if slot_distances is not None:
             cache.advance()
         elif static:  # the prompt has run: its memory moves into the static slots
-            self._start_ring(cache, attention_mask, dtype, device)
+            self._start_ring(cache, ring[1], attention_mask, device)
 
         hidden_states = tuple(layer_inputs) + (hidden,) if output_hidden_states else None
         attentions = tuple(all_attentions) if output_attentions else None
@@ -824,41 +825,44 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         cache.mark_attendable(step_attendable)
         return masked[None, None, None, :] | ~cache.attendable[:, None, None, :]
 
-    def _start_ring(self, cache, attention_mask, dtype, device):
+    def _start_ring(self, cache, tables, attention_mask, device):
         """After the prompt: move the static cache's memory into its slots, with each layer's position keys for
-        the distances mem_len ... 0 and which memory positions are padding (`attention_mask`'s columns for them;
-        positions before its first column are attended, as in `_attention_mask`)."""
+        the distances mem_len ... 0 (`tables`) and which memory positions are padding (`attention_mask`'s columns for
+        them; positions before its first column are attended, as in `_attention_mask`)."""
         held = cache.memory(0).shape[1]
         attendable = torch.ones(cache.batch_size, held, dtype=torch.bool, device=device)
         if attention_mask is not None:
             columns = attention_mask.bool()[:, -held:]
             attendable[:, held - columns.shape[1] :] = columns
-        distances = self._position_embedding(self.config.mem_len, 0, dtype, device)
-        tables = [layer.dec_attn.project_positions(distances) for layer in self.layers]
         cache.start_ring(tables, attendable)
 
-    def _position_keys(self, layer_idx, key_length, lowest, position_embedding, cache):
-        """Layer `layer_idx`'s projected relative-position keys for distances k-1 ... `lowest` (attn_type 0 only).
-
-        With a cache whose projections are reusable, they come from its stored table: a step slices, not projects
-        (`position_embedding` is then a list of the encodings made for it in this forward, shared by the layers).
-        """
+    def _positions(self, layer_idx, key_length, lowest, position_embedding, cache, reuse, ring):
+        """Layer `layer_idx`'s relative-position keys for distances k-1 ... `lowest` (attn_type 0; else None), as a
+        function of its `project_positions` that the layer calls in its forward: hooks on the layer (FSDP's
+        unsharding, adapters) see every use of its weights. Projected from `position_embedding`; with `reuse`
+        (frozen weights) sliced from the cache's stored table (`position_embedding` is then a list of the encodings
+        made for it in this forward, shared by the layers); a static cache's step reads its ring table. `ring`:
+        (encodings, tables) of a static cache's prompt, to which each layer adds its keys (see `_start_ring`)."""
         if self.config.attn_type != 0:
             return None
-        attention = self.layers[layer_idx].dec_attn
-        if cache is None:
-            return attention.project_positions(position_embedding)
+        if isinstance(cache, StaticMemoryCache) and cache.ring:
+            return lambda project: cache.layers[layer_idx].position_keys
+        if not reuse:
+            return lambda project: project(position_embedding)
         # (the layer's dtype and device, read from its layer norm: r_net may be a quantized layer, without a float weight)
-        dtype, device = attention.layer_norm.weight.dtype, attention.layer_norm.weight.device
+        norm = self.layers[layer_idx].dec_attn.layer_norm.weight
 
         def encodings(span):  # (distances lowest + span - 1 ... lowest)
             if not position_embedding or position_embedding[-1].shape[0] != span:
-                position_embedding.append(self._position_embedding(lowest + span - 1, lowest, dtype, device))
+                position_embedding.append(self._position_embedding(lowest + span - 1, lowest, norm.dtype, norm.device))
             return position_embedding[-1]
 
-        return cache.position_keys(
-            layer_idx, key_length - lowest, lowest, lambda span: attention.project_positions(encodings(span))
-        )
+        def position_keys(project):
+            if ring is not None:
+                ring[1].append(project(ring[0]))
+            return cache.position_keys(layer_idx, key_length - lowest, lowest, lambda span: project(encodings(span)))
+
+        return position_keys
 
 
 def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) -> dict[str, str]:

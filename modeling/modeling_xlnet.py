@@ -203,7 +203,7 @@ class XLNetRelativeAttention(nn.Module):
         self,
         content: torch.Tensor,
         query_stream: torch.Tensor | None,
-        position_keys: torch.Tensor,
+        positions: Callable,
         content_mask: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
@@ -218,7 +218,9 @@ class XLNetRelativeAttention(nn.Module):
         """-> (content out or None, query-stream out or None, probabilities, (keys, values) over [memory; segment]).
         `cached_memory`: a cache layer whose memory keys and values are reused and extended. `update_content=False`
         skips the content stream (a last layer's, which nothing reads); `query_after_content`: one query row right after
-        the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row)."""
+        the segment (next-token prediction); `slot_columns`: a static cache's step (`query_mask` covers every row).
+        `positions`: the position keys as a function of `project_positions` (see `XLNetModel._positions`)."""
+        position_keys = positions(self.project_positions)
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
         else:
@@ -353,7 +355,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         self,
         content: torch.Tensor,
         query_stream: torch.Tensor | None,
-        position_keys: torch.Tensor,
+        positions: Callable,
         content_mask: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
         segment_mismatch: torch.Tensor | None = None,
@@ -368,7 +370,7 @@ class XLNetLayer(GradientCheckpointingLayer):
         content, query_stream, probs, key_values = self.rel_attn(
             content,
             query_stream,
-            position_keys,
+            positions,
             content_mask=content_mask,
             query_mask=query_mask,
             segment_mismatch=segment_mismatch,
@@ -615,22 +617,30 @@ class XLNetModel(XLNetPreTrainedModel):
 
     # ----- memory: the one place that reads and writes `mems` -----
 
-    def _position_keys(self, layer_idx, query_length, key_length, position_embeddings, cache):
-        """Layer `layer_idx`'s projected position keys W_r R; with a reusable cache, sliced from its stored table
-        (`position_embeddings`: the encodings made for it in this forward, a list)."""
-        attention = self.layer[layer_idx].rel_attn
-        if cache is None:
-            return attention.project_positions(position_embeddings)
+    def _positions(self, layer_idx, query_length, key_length, position_embeddings, cache, reuse, ring):
+        """Layer `layer_idx`'s position keys W_r R as a function of its `project_positions`, which the layer calls in
+        its forward: hooks on the layer (FSDP's unsharding, adapters) see every use of its weights. Projected from
+        `position_embeddings`; with `reuse` (frozen weights) sliced from the cache's stored table (the encodings made
+        for it in this forward: the list `position_embeddings`); a static cache's step reads its ring table. `ring`:
+        (encodings, tables) of a static cache's prompt, to which each layer adds its keys."""
+        if isinstance(cache, StaticMemoryCache) and cache.ring:
+            return lambda project: cache.layers[layer_idx].position_keys
+        if not reuse:
+            return lambda project: project(position_embeddings)
         lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
+        device = self.layer[layer_idx].rel_attn.r_r_bias.device
 
         def encodings(n):  # (distances lowest + n - 1 ... lowest)
             if not position_embeddings or position_embeddings[-1].shape[-2] != n:
-                device = attention.r_r_bias.device
                 position_embeddings.append(self._relative_position_embeddings(lowest + n - 1, lowest, device))
             return position_embeddings[-1]
 
-        span = key_length - lowest + 1
-        return cache.position_keys(layer_idx, span, lowest, lambda n: attention.project_positions(encodings(n)))
+        def position_keys(project):
+            if ring is not None:
+                ring[1].append(project(ring[0]))
+            return cache.position_keys(layer_idx, key_length - lowest + 1, lowest, lambda n: project(encodings(n)))
+
+        return position_keys
 
     # ----- encodings and masks -----
 
@@ -772,6 +782,9 @@ class XLNetModel(XLNetPreTrainedModel):
         if not reuse_projections:
             lowest = -query_length + 1 if self.config.attn_type == "bi" else 0
             position_embeddings = self.dropout(self._relative_position_embeddings(key_length, lowest, device)).to(dtype)
+        ring = None  # (a static cache's prompt: the encodings of distances R ... -1, each layer's keys of them)
+        if static and not stepping:
+            ring = self._relative_position_embeddings(cache.slot_count, -1, device), []
 
         hidden_states = [] if output_hidden_states else None
         attentions = [] if output_attentions else None
@@ -779,16 +792,11 @@ class XLNetModel(XLNetPreTrainedModel):
         for i, layer in enumerate(self.layer):
             if output_hidden_states:
                 hidden_states.extend([content] if query_stream is None else [content, query_stream])
-            if stepping:
-                position_keys = cache.layers[i].position_keys
-            else:
-                position_keys = self._position_keys(
-                    i, query_length, key_length, position_embeddings, cache if reuse_projections else None
-                )
+            positions = self._positions(i, query_length, key_length, position_embeddings, cache, reuse_projections, ring)
             next_content, query_stream, probs, (key, value) = layer(
                 content,
                 query_stream,
-                position_keys,
+                positions,
                 content_mask=content_mask,
                 query_mask=query_mask,
                 segment_mismatch=segment_mismatch,
@@ -814,7 +822,7 @@ class XLNetModel(XLNetPreTrainedModel):
         if stepping:
             cache.advance()
         elif static:  # the prompt has run: its memory moves into the static slots
-            self._start_ring(cache)
+            cache.start_ring(ring[1])  # (the memory moves into the slots, with each layer's position keys)
 
         output = self.dropout(content if query_stream is None else query_stream)
         return XLNetModelOutput(
@@ -856,12 +864,6 @@ class XLNetModel(XLNetPreTrainedModel):
         mask.masked_fill_(masked, torch.finfo(dtype).min)
         mask.masked_fill_(newest_distance > cache.newest - cache.oldest, -torch.inf)
         return cache.slot_count - distances, mask[None, None]
-
-    def _start_ring(self, cache):
-        """After the prompt: the memory moves into the slots, with each layer's position keys (distances R ... -1)."""
-        device = self.word_embedding.weight.device
-        distances = self._relative_position_embeddings(cache.slot_count, -1, device)
-        cache.start_ring([layer.rel_attn.project_positions(distances) for layer in self.layer])
 
 
 def _drop_newest(cache: MemoryCache, count: int):
