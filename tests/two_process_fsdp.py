@@ -2,7 +2,8 @@
 MODEL:SHARDING...`, or `python two_process_fsdp.py OUT MODEL...` alone for the one-process reference.
 
 Each MODEL (`transfo-xl`, `xlnet`; `transformers-xlnet`, transformers' own XLNet, is a control to run by hand: its
-logged losses are the number of processes times one process's, as its head ignores Trainer's `num_items_in_batch`)
+head ignores Trainer's `num_items_in_batch`, so its loss and gradient are the number of processes times one
+process's, and gradient clipping makes its later steps differ a little)
 trains 3 steps with `MemoryTrainer` on a 4-row stream (2 rows per rank) with the memory carried. SHARDING:
 `layers` (`fully_shard` on each layer of the model's `_no_split_modules`, then on the model, by hand), `model`
 (on the model only) or `accelerate` (accelerate's auto-wrap policy does it). Each rank writes OUT/rank{r}.json: per
