@@ -119,8 +119,8 @@ def train(spec, out, sharded):
         if sharding != "accelerate":
             shard_by_hand(model, layer_classes, per_layer=sharding == "layers")
     args = TrainingArguments(
-        output_dir=os.path.join(out, spec.replace(":", "-")), per_device_train_batch_size=ROWS // world, max_steps=3, use_cpu=True,
-        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, learning_rate=1e-2,
+        output_dir=os.path.join(out, spec.replace(":", "-")), per_device_train_batch_size=ROWS // world, max_steps=3,
+        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, learning_rate=1e-2,
         accelerator_config={"use_configured_state": sharded},  # (keep shard_on_cpu's state)
     )  # fmt: skip
     data = TextStream(torch.arange(TOKENS), ROWS, SEQ_LEN)  # token i at stream position i

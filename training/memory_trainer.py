@@ -127,7 +127,7 @@ class MemoryTrainer(Trainer):
             raise ValueError(
                 "MemoryTrainer: FSDP was requested, but accelerate prepares this run as "
                 f"{self.accelerator.distributed_type.value} (it shards only on GPUs and other accelerators, under "
-                "`accelerate launch` or `torchrun`; on CPU it would run DDP), so each process would hold the whole model."
+                "`accelerate launch` or `torchrun`; on CPU it runs DDP), so each process would hold the whole model."
             )
         self._memory = {"train": None, "eval": None}
         self._mode = "train"
