@@ -136,6 +136,7 @@ def train(spec, out, sharded):
 def main(out, specs):
     sharded = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     result = {spec: train(spec, out, sharded) for spec in specs}
+    Path(out).mkdir(parents=True, exist_ok=True)
     Path(out, f"rank{PartialState().process_index}.json").write_text(json.dumps(result))
     # Leave the process group before exiting: a gloo group still alive at interpreter exit can abort the process.
     PartialState().destroy_process_group()
