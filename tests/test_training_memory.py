@@ -233,3 +233,11 @@ def test_a_stream_with_the_wrong_number_of_rows_is_refused(tmp_path):
     trainer = MemoryTrainer(model=tiny_lm(), args=args, train_dataset=stream())
     with pytest.raises(ValueError, match=r"TextStream has 2 rows but a step takes 3 .*num_rows=3"):
         trainer.train()
+
+
+def test_fsdp_that_accelerate_would_not_shard_is_refused(tmp_path, monkeypatch):
+    """`accelerate launch --use_fsdp` where accelerate does not shard (a CPU, or no launcher) would otherwise run DDP
+    or a lone process, each holding the whole model, without a word."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match=r"FSDP was requested, but accelerate prepares this run as NO \(it shards"):
+        MemoryTrainer(model=tiny_lm(), args=training_args(tmp_path), train_dataset=stream())

@@ -26,7 +26,9 @@ file deleted since).
 
 Several processes: launch with `accelerate launch` / `torchrun` (DDP); each rank keeps the memory of its own rows.
 On CPU pass `use_cpu=True` (or `ACCELERATE_USE_CPU=true`), otherwise each process trains alone. `nn.DataParallel`
-(several GPUs in one process) is refused: it would split the time-major memory along time.
+(several GPUs in one process) is refused: it would split the time-major memory along time. FSDP (`accelerate launch
+--use_fsdp`, FSDP2 per layer) shards the weights and leaves the memory per rank; it is refused where accelerate
+would not shard (on CPU it picks DDP), rather than silently holding the whole model in every process.
 """
 
 import contextlib
@@ -37,6 +39,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import Trainer, TrainerCallback
@@ -118,6 +121,13 @@ class MemoryTrainer(Trainer):
                 f"MemoryTrainer: {launched} processes were launched but each trains alone (world size "
                 f"{self.args.world_size}); on CPU pass `use_cpu=True` to TrainingArguments (or set "
                 "ACCELERATE_USE_CPU=true) so that they train together over gloo."
+            )
+        fsdp_requested = self.args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        if fsdp_requested and self.accelerator.distributed_type != DistributedType.FSDP:
+            raise ValueError(
+                "MemoryTrainer: FSDP was requested, but accelerate prepares this run as "
+                f"{self.accelerator.distributed_type.value} (it shards only on GPUs and other accelerators, under "
+                "`accelerate launch` or `torchrun`; on CPU it runs DDP), so each process would hold the whole model."
             )
         self._memory = {"train": None, "eval": None}
         self._mode = "train"
