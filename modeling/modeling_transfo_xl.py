@@ -381,16 +381,10 @@ class TransfoXLAttention(nn.Module):
         return by_distance.index_select(-1, by_distance.shape[-1] - 1 - slot_distances)
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        memory: torch.Tensor | None,
-        cached_memory: MemoryLayer | None,
-        positions: Callable | None,
-        mask: torch.Tensor,
-        biases: tuple[torch.Tensor, torch.Tensor] | None,
-        output_attentions: bool = False,
-        slot_distances: torch.Tensor | None = None,
-    ):
+        self, hidden: torch.Tensor, memory: torch.Tensor | None, cached_memory: MemoryLayer | None,
+        positions: Callable | None, mask: torch.Tensor, biases: tuple[torch.Tensor, torch.Tensor] | None,
+        output_attentions: bool = False, slot_distances: torch.Tensor | None = None,
+    ):  # fmt: skip
         """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)
         over [memory; segment]). `cached_memory`: a cache layer whose memory keys and values are reused (exact: they
         depend on the memory only). `positions`: the position keys as a function of `project_positions` (see
@@ -495,16 +489,9 @@ class TransfoXLLayer(GradientCheckpointingLayer):
         return hidden, memory
 
     def forward(
-        self,
-        hidden,
-        memory=None,
-        cached_memory=None,
-        positions=None,
-        mask=None,
-        biases=None,
-        output_attentions=False,
+        self, hidden, memory=None, cached_memory=None, positions=None, mask=None, biases=None, output_attentions=False,
         slot_distances=None,
-    ):
+    ):  # fmt: skip
         if hasattr(self, "r_emb"):
             hidden, memory = self._add_absolute_positions(hidden, memory)
             cached_memory = None  # the memory's keys depend on this segment's position offsets
@@ -679,17 +666,11 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         return self.drop(self.pos_emb(positions).to(dtype))
 
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems: tuple[torch.FloatTensor, ...] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        cache: MemoryCache | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> TransfoXLModelOutput | tuple:
+        self, input_ids: torch.LongTensor | None = None, mems: tuple[torch.FloatTensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None, inputs_embeds: torch.FloatTensor | None = None,
+        cache: MemoryCache | None = None, use_cache: bool | None = None, output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None, return_dict: bool | None = None,
+    ) -> TransfoXLModelOutput | tuple:  # fmt: skip
         """`mems` (legacy tuple) or `cache` (a MemoryCache, updated in place) carry the memory; outputs always
         hold the new `mems`, and the cache itself when `use_cache` is set or a cache was given."""
         config = self.config
@@ -758,15 +739,10 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
                 memory = memory + position_embedding[:memory_length]
             positions = self._positions(i, key_length, lowest, position_embedding, cache, reuse_projections, ring)
             output, probs, (key, value) = layer(
-                hidden,
-                memory=memory,
-                cached_memory=cache.known_key_values(i) if reuse_projections else None,
-                positions=positions,
-                mask=mask,
-                biases=biases,
-                output_attentions=output_attentions,
+                hidden, memory=memory, cached_memory=cache.known_key_values(i) if reuse_projections else None,
+                positions=positions, mask=mask, biases=biases, output_attentions=output_attentions,
                 slot_distances=slot_distances,
-            )
+            )  # fmt: skip
             if config.mem_len > 0:
                 remembered = unpositioned if i == 0 else hidden
                 if slot_distances is not None:
@@ -793,12 +769,9 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             fields = (hidden, new_mems, returned_cache, hidden_states, attentions)
             return tuple(v for v in fields if v is not None)
         return TransfoXLModelOutput(
-            last_hidden_state=hidden,
-            mems=new_mems,
-            cache=returned_cache,
-            hidden_states=hidden_states,
+            last_hidden_state=hidden, mems=new_mems, cache=returned_cache, hidden_states=hidden_states,
             attentions=attentions,
-        )
+        )  # fmt: skip
 
     @staticmethod
     def _lowest_distance(query_length, key_length) -> int:
@@ -916,21 +889,13 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems: tuple[torch.FloatTensor, ...] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        cache: MemoryCache | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        logits_to_keep: int = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
+        self, input_ids: torch.LongTensor | None = None, mems: tuple[torch.FloatTensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None, inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None, cache: MemoryCache | None = None, use_cache: bool | None = None,
+        output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+        return_dict: bool | None = None, logits_to_keep: int = 0, num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> TransfoXLLMHeadModelOutput | tuple:
+    ) -> TransfoXLLMHeadModelOutput | tuple:  # fmt: skip
         """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions. Or, as in
         transformers v5's causal-LM loss, `shift_labels` [batch, seq_len]: the targets already shifted, so that the
         last position predicts the token after the segment (every token of a stream predicted once, as the original
@@ -961,16 +926,10 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
                 "target per position)", vocab_size, "token ids", f" (vocab_size={vocab_size})", "shift_labels",
             )
         outputs = self.transformer(
-            input_ids,
-            mems=mems,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            cache=cache,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids, mems=mems, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache,
+            use_cache=use_cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             return_dict=True,
-        )
+        )  # fmt: skip
         hidden = outputs.last_hidden_state
         loss = losses = logits = None
         if labels is not None:
@@ -990,14 +949,9 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
                 return (loss, (), losses, *rest)
             return (losses, (), *rest, loss)
         return TransfoXLLMHeadModelOutput(
-            loss=loss,
-            losses=losses,
-            logits=logits,
-            mems=outputs.mems,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+            loss=loss, losses=losses, logits=logits, mems=outputs.mems, cache=outputs.cache,
+            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+        )  # fmt: skip
 
     def get_output_embeddings(self):
         """The head softmax's output layer (the whole vocabulary's with div_val 1; tied to the input embedding with
@@ -1115,32 +1069,20 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
         return torch.full((batch_size,), seq_len - 1, device=device)
 
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems: tuple[torch.FloatTensor, ...] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        cache: MemoryCache | None = None,
-    ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:
+        self, input_ids: torch.LongTensor | None = None, mems: tuple[torch.FloatTensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None, inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None, output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None, return_dict: bool | None = None, cache: MemoryCache | None = None,
+    ) -> TransfoXLSequenceClassifierOutputWithPast | tuple:  # fmt: skip
         """`cache`: a MemoryCache holding the memory instead of `mems`, updated in place (as in the LM head)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         shape = inputs_shape(input_ids, inputs_embeds)
         if labels is not None and shape is not None:
             check_sequence_labels("TransfoXLForSequenceClassification", self.config, labels, shape[0])
         outputs = self.transformer(
-            input_ids,
-            mems=mems,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            cache=cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+            input_ids, mems=mems, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+        )  # fmt: skip
         hidden = outputs.last_hidden_state
         batch_size, seq_len = hidden.shape[:2]
         last = self._last_token_index(input_ids, attention_mask, batch_size, seq_len, hidden.device)
@@ -1157,12 +1099,9 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
             fields = (loss, logits, outputs.mems, outputs.hidden_states, outputs.attentions)
             return tuple(v for v in fields if v is not None)
         return TransfoXLSequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=logits,
-            mems=outputs.mems,
-            hidden_states=outputs.hidden_states,
+            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-        )
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------

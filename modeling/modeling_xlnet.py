@@ -195,21 +195,13 @@ class XLNetRelativeAttention(nn.Module):
         return self.layer_norm(self.dropout(self.o(attention)) + residual)
 
     def forward(
-        self,
-        content: torch.Tensor,
-        query_stream: torch.Tensor | None,
-        positions: Callable,
-        content_mask: torch.Tensor | None = None,
-        query_mask: torch.Tensor | None = None,
-        segment_mismatch: torch.Tensor | None = None,
-        memory: torch.Tensor | None = None,
-        cached_memory: MemoryLayer | None = None,
-        target_mapping: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        update_content: bool = True,
-        query_after_content: bool = False,
+        self, content: torch.Tensor, query_stream: torch.Tensor | None, positions: Callable,
+        content_mask: torch.Tensor | None = None, query_mask: torch.Tensor | None = None,
+        segment_mismatch: torch.Tensor | None = None, memory: torch.Tensor | None = None,
+        cached_memory: MemoryLayer | None = None, target_mapping: torch.Tensor | None = None,
+        output_attentions: bool = False, update_content: bool = True, query_after_content: bool = False,
         slot_columns: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         """-> (content | None, query | None, probabilities, (keys, values)). `cached_memory`: reused memory keys and
         values; `update_content=False`: no content stream; `query_after_content`: one query row after the segment;
         `slot_columns`: a static step (`query_mask` covers every row); `positions`: see
@@ -681,22 +673,13 @@ class XLNetModel(XLNetPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        mems: tuple[torch.Tensor, ...] | list[torch.Tensor] | None = None,
-        perm_mask: torch.Tensor | None = None,
-        target_mapping: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        input_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_mems: bool | None = None,
-        cache: MemoryCache | None = None,
-        predict_next_token: bool = False,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> XLNetModelOutput:
+        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        mems: tuple[torch.Tensor, ...] | list[torch.Tensor] | None = None, perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None, token_type_ids: torch.LongTensor | None = None,
+        input_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None, use_mems: bool | None = None,
+        cache: MemoryCache | None = None, predict_next_token: bool = False, output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None, **kwargs,
+    ) -> XLNetModelOutput:  # fmt: skip
         """Inputs as transformers' `XLNetModel`'s. Ours: `cache`, a MemoryCache updated in place (for `mems`);
         `predict_next_token`: the query stream of one position after the input ([B, 1, d]), without a dummy token."""
         kwargs.pop("use_cache", None)  # transformers' XLNet accepted and ignored it
@@ -890,23 +873,10 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        mems=None,
-        perm_mask=None,
-        target_mapping=None,
-        token_type_ids=None,
-        input_mask=None,
-        inputs_embeds=None,
-        labels=None,
-        use_mems=None,
-        cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
-    ) -> XLNetLMHeadModelOutput:
+        self, input_ids=None, attention_mask=None, mems=None, perm_mask=None, target_mapping=None, token_type_ids=None,
+        input_mask=None, inputs_embeds=None, labels=None, use_mems=None, cache=None, output_attentions=None,
+        output_hidden_states=None, logits_to_keep: int | torch.Tensor = 0, **kwargs,
+    ) -> XLNetLMHeadModelOutput:  # fmt: skip
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         shift_labels = kwargs.pop("shift_labels", None)
         # transformers' contract: `shift_labels` replace `labels` (Trainer's context parallelism passes both)
@@ -919,21 +889,11 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
                 f" (vocab_size={vocab_size})", target_name,
             )
         outputs = self.transformer(
-            input_ids,
-            attention_mask=attention_mask,
-            mems=mems,
-            perm_mask=perm_mask,
-            target_mapping=target_mapping,
-            token_type_ids=token_type_ids,
-            input_mask=input_mask,
-            inputs_embeds=inputs_embeds,
-            use_mems=use_mems,
-            cache=cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            input_ids, attention_mask=attention_mask, mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+            token_type_ids=token_type_ids, input_mask=input_mask, inputs_embeds=inputs_embeds, use_mems=use_mems,
+            cache=cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            return_dict=True, **kwargs,
+        )  # fmt: skip
         hidden = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_loss(hidden)
         loss = None
@@ -941,13 +901,9 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
             upcast = logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32))
             loss = _loss_sum_or_mean(cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
         return XLNetLMHeadModelOutput(
-            loss=loss,
-            logits=logits,
-            mems=outputs.mems,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            cache=outputs.cache,
-        )
+            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions, cache=outputs.cache,
+        )  # fmt: skip
 
     # ----- generation -----
 
@@ -1048,40 +1004,19 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        mems=None,
-        perm_mask=None,
-        target_mapping=None,
-        token_type_ids=None,
-        input_mask=None,
-        inputs_embeds=None,
-        labels=None,
-        use_mems=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ) -> XLNetForSequenceClassificationOutput:
+        self, input_ids=None, attention_mask=None, mems=None, perm_mask=None, target_mapping=None, token_type_ids=None,
+        input_mask=None, inputs_embeds=None, labels=None, use_mems=None, output_attentions=None,
+        output_hidden_states=None, **kwargs,
+    ) -> XLNetForSequenceClassificationOutput:  # fmt: skip
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         shape = inputs_shape(input_ids, inputs_embeds)
         if labels is not None and shape is not None:
             check_sequence_labels(type(self).__name__, self.config, labels, shape[0])
         outputs = self.transformer(
-            input_ids,
-            attention_mask=attention_mask,
-            mems=mems,
-            perm_mask=perm_mask,
-            target_mapping=target_mapping,
-            token_type_ids=token_type_ids,
-            input_mask=input_mask,
-            inputs_embeds=inputs_embeds,
-            use_mems=use_mems,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            input_ids, attention_mask=attention_mask, mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+            token_type_ids=token_type_ids, input_mask=input_mask, inputs_embeds=inputs_embeds, use_mems=use_mems,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
+        )  # fmt: skip
         logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state))
         loss = None
         if labels is not None:
@@ -1119,41 +1054,20 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        mems=None,
-        perm_mask=None,
-        target_mapping=None,
-        token_type_ids=None,
-        input_mask=None,
-        inputs_embeds=None,
-        labels=None,
-        use_mems=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ) -> XLNetForTokenClassificationOutput:
+        self, input_ids=None, attention_mask=None, mems=None, perm_mask=None, target_mapping=None, token_type_ids=None,
+        input_mask=None, inputs_embeds=None, labels=None, use_mems=None, output_attentions=None,
+        output_hidden_states=None, **kwargs,
+    ) -> XLNetForTokenClassificationOutput:  # fmt: skip
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         _check_token_labels(
             type(self).__name__, labels, input_ids, inputs_embeds, target_mapping, self.num_labels, "class ids",
             f" (num_labels={self.num_labels})",
         )
         outputs = self.transformer(
-            input_ids,
-            attention_mask=attention_mask,
-            mems=mems,
-            perm_mask=perm_mask,
-            target_mapping=target_mapping,
-            token_type_ids=token_type_ids,
-            input_mask=input_mask,
-            inputs_embeds=inputs_embeds,
-            use_mems=use_mems,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            input_ids, attention_mask=attention_mask, mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+            token_type_ids=token_type_ids, input_mask=input_mask, inputs_embeds=inputs_embeds, use_mems=use_mems,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
+        )  # fmt: skip
         logits = self.classifier(outputs.last_hidden_state)
         loss = None
         if labels is not None:
@@ -1180,21 +1094,10 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids=None,
-        token_type_ids=None,
-        input_mask=None,
-        attention_mask=None,
-        mems=None,
-        perm_mask=None,
-        target_mapping=None,
-        inputs_embeds=None,
-        labels=None,
-        use_mems=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ) -> XLNetForMultipleChoiceOutput:
+        self, input_ids=None, token_type_ids=None, input_mask=None, attention_mask=None, mems=None, perm_mask=None,
+        target_mapping=None, inputs_embeds=None, labels=None, use_mems=None, output_attentions=None,
+        output_hidden_states=None, **kwargs,
+    ) -> XLNetForMultipleChoiceOutput:  # fmt: skip
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         name = type(self).__name__
         reference = input_ids if input_ids is not None else inputs_embeds
@@ -1216,20 +1119,11 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
             return None if tensor is None else tensor.flatten(0, 1)
 
         outputs = self.transformer(
-            flat(input_ids),
-            token_type_ids=flat(token_type_ids),
-            input_mask=flat(input_mask),
-            attention_mask=flat(attention_mask),
-            mems=mems,
-            perm_mask=perm_mask,
-            target_mapping=target_mapping,
-            inputs_embeds=flat(inputs_embeds),
-            use_mems=use_mems,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            flat(input_ids), token_type_ids=flat(token_type_ids), input_mask=flat(input_mask),
+            attention_mask=flat(attention_mask), mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+            inputs_embeds=flat(inputs_embeds), use_mems=use_mems, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
+        )  # fmt: skip
         logits = self.logits_proj(self.sequence_summary(outputs.last_hidden_state)).view(-1, num_choices)
         loss = None
         if labels is not None:
@@ -1259,41 +1153,19 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        mems=None,
-        perm_mask=None,
-        target_mapping=None,
-        token_type_ids=None,
-        input_mask=None,
-        inputs_embeds=None,
-        start_positions=None,
-        end_positions=None,
-        use_mems=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ) -> XLNetForQuestionAnsweringSimpleOutput:
+        self, input_ids=None, attention_mask=None, mems=None, perm_mask=None, target_mapping=None, token_type_ids=None,
+        input_mask=None, inputs_embeds=None, start_positions=None, end_positions=None, use_mems=None,
+        output_attentions=None, output_hidden_states=None, **kwargs,
+    ) -> XLNetForQuestionAnsweringSimpleOutput:  # fmt: skip
         output = _output_positions(input_ids, inputs_embeds, target_mapping)
         if output is not None:  # positions past the end are ignored, as in transformers (see the loss below)
             for field, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
                 check_span_positions(type(self).__name__, field, positions, *output[:2], ignore_beyond=True)
         outputs = self.transformer(
-            input_ids,
-            attention_mask=attention_mask,
-            mems=mems,
-            perm_mask=perm_mask,
-            target_mapping=target_mapping,
-            token_type_ids=token_type_ids,
-            input_mask=input_mask,
-            inputs_embeds=inputs_embeds,
-            use_mems=use_mems,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            input_ids, attention_mask=attention_mask, mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+            token_type_ids=token_type_ids, input_mask=input_mask, inputs_embeds=inputs_embeds, use_mems=use_mems,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
+        )  # fmt: skip
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
         start_logits = start_logits.squeeze(-1).contiguous()
         end_logits = end_logits.squeeze(-1).contiguous()
@@ -1330,25 +1202,10 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        mems=None,
-        perm_mask=None,
-        target_mapping=None,
-        token_type_ids=None,
-        input_mask=None,
-        inputs_embeds=None,
-        start_positions=None,
-        end_positions=None,
-        is_impossible=None,
-        cls_index=None,
-        p_mask=None,
-        use_mems=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ) -> XLNetForQuestionAnsweringOutput:
+        self, input_ids=None, attention_mask=None, mems=None, perm_mask=None, target_mapping=None, token_type_ids=None,
+        input_mask=None, inputs_embeds=None, start_positions=None, end_positions=None, is_impossible=None,
+        cls_index=None, p_mask=None, use_mems=None, output_attentions=None, output_hidden_states=None, **kwargs,
+    ) -> XLNetForQuestionAnsweringOutput:  # fmt: skip
         output = _output_positions(input_ids, inputs_embeds, target_mapping)
         if output is not None:
             name = type(self).__name__
@@ -1358,20 +1215,10 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
             if is_impossible is not None:
                 check_one_per_sequence(name, "is_impossible", is_impossible, output[0])
         outputs = self.transformer(
-            input_ids,
-            attention_mask=attention_mask,
-            mems=mems,
-            perm_mask=perm_mask,
-            target_mapping=target_mapping,
-            token_type_ids=token_type_ids,
-            input_mask=input_mask,
-            inputs_embeds=inputs_embeds,
-            use_mems=use_mems,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
+            input_ids, attention_mask=attention_mask, mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+            token_type_ids=token_type_ids, input_mask=input_mask, inputs_embeds=inputs_embeds, use_mems=use_mems,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
+        )  # fmt: skip
         hidden = outputs.last_hidden_state
         start_logits = self.start_logits(hidden, p_mask=p_mask)
         common = {"mems": outputs.mems, "hidden_states": outputs.hidden_states, "attentions": outputs.attentions}
@@ -1402,13 +1249,9 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         expected_start = torch.einsum("blh,bl->bh", hidden, start_probs)
         cls_logits = self.answer_class(hidden, start_states=expected_start, cls_index=cls_index)
         return XLNetForQuestionAnsweringOutput(
-            start_top_log_probs=start_top_probs,
-            start_top_index=start_top_index,
-            end_top_log_probs=end_top_probs,
-            end_top_index=end_top_index,
-            cls_logits=cls_logits,
-            **common,
-        )
+            start_top_log_probs=start_top_probs, start_top_index=start_top_index, end_top_log_probs=end_top_probs,
+            end_top_index=end_top_index, cls_logits=cls_logits, **common,
+        )  # fmt: skip
 
 
 __all__ = [

@@ -50,15 +50,9 @@ def distance_scores(position_query: torch.Tensor, position_keys: torch.Tensor) -
 
 
 def eager_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-):
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
+    scaling: float, dropout: float = 0.0, **kwargs,
+):  # fmt: skip
     """The reference: query [B, H, q, D] is `q + u` (`query @ key`: (a)+(c)), key / value [B, H, k, D], attention_mask
     [B|1, H|1, q, k] every other term, scaled, the dtype's lowest where masked -> ([B, q, H, D], probabilities)."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling + attention_mask  # + (b) + (d) [+ segment], masked
@@ -141,12 +135,8 @@ ALL_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention_forward
 
 
 def causal_memory_mask(
-    query_length: int,
-    memory_length: int,
-    same_length: bool = False,
-    same_length_span: int | None = None,
-    device=None,
-) -> torch.Tensor:
+    query_length: int, memory_length: int, same_length: bool = False, same_length_span: int | None = None, device=None,
+) -> torch.Tensor:  # fmt: skip
     """[q, m + q], True where query i may not attend key j: j > m + i and, with `same_length` (Dai et al. App.),
     j <= i - s (s: `same_length_span`, default q), so every query sees as many keys."""
     key_length = memory_length + query_length
