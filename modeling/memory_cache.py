@@ -131,13 +131,12 @@ class MemoryLayer:
     values = property(lambda self: self._get("values"))
 
     def key_values_with(self, new_keys: torch.Tensor, new_values: torch.Tensor):
-        """Keys and values of [memory; new] for attention, written after the memory's (no copy of the memory).
-        The memory itself is unchanged until `MemoryCache.store` adopts them."""
+        """Keys and values of [memory; new], written after the memory's (no copy), which `store` adopts later."""
         return self.sequences["keys"].extended(new_keys), self.sequences["values"].extended(new_values)
 
     def append(self, hidden: torch.Tensor, keys=None, values=None):
-        """Append new hidden states; `keys` / `values` cover [memory; new] (from `key_values_with`, adopted without
-        a copy, or fresh). Without them the stored keys are dropped: they would no longer match."""
+        """Append hidden states; `keys` / `values` cover [memory; new] (from `key_values_with`: adopted, no copy).
+        Without them the stored keys are dropped: they would no longer match."""
         if "hidden" in self.sequences:
             self.sequences["hidden"].append(hidden)
         else:
@@ -147,17 +146,15 @@ class MemoryLayer:
                 self._set(name, tensor)
 
     def map_batch(self, fn):
-        """Apply `fn` to every batch-first tensor (beam reordering, expansion, selection); `fn` returns new tensors."""
+        """Every batch-first tensor replaced by `fn`'s (beam reordering, expansion, selection)."""
         for name, sequence in list(self.sequences.items()):
             self._set(name, fn(sequence.tensor))
 
     def keep_last(self, length: int):
-        """Keep the newest `length` positions."""
         for sequence in self.sequences.values():
             sequence.keep_last(length)
 
     def drop_newest(self, count: int):
-        """Forget the newest `count` positions."""
         for sequence in self.sequences.values():
             sequence.drop_newest(count)
 
@@ -191,8 +188,7 @@ class SegmentMemory(Cache):
     def for_forward(
         cls, cache, mems, num_layers: int, mem_len: int | None, batch_size: int, width: int, model: str, dtype, device
     ):
-        """The memory a forward pass attends to and updates: `cache`, the legacy `mems` wrapped, or a new empty cache,
-        checked against the model, the batch and the hidden states' dtype and device (`check_mems`)."""
+        """The memory a forward attends to and updates: `cache`, `mems` wrapped, or a new one, checked (`check_mems`)."""
         if cache is not None and mems is not None:
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
@@ -207,8 +203,8 @@ class SegmentMemory(Cache):
         return cache
 
     def _copy_inference_tensors(self):
-        """Memory made under `torch.inference_mode` cannot be saved for a backward pass: copy it once into ordinary
-        tensors (it is stop-gradient anyway; the stored keys and values are read only without gradients)."""
+        """Memory made under `torch.inference_mode` cannot be saved for backward: copied once (stored keys and values
+        are read only without gradients)."""
         for layer in self.layers:
             if layer.hidden is not None and layer.hidden.is_inference():
                 layer.hidden = layer.hidden.clone()
@@ -229,14 +225,13 @@ class SegmentMemory(Cache):
         return self.layers[layer_idx].hidden
 
     def known_key_values(self, layer_idx: int) -> MemoryLayer | None:
-        """The layer's memory when its keys and values are stored (attention extends them with
-        `key_values_with`), else None."""
+        """The layer's memory when its keys and values are stored, else None."""
         layer = self.layers[layer_idx]
         return None if layer.keys is None else layer
 
     def store(self, layer_idx: int, new_hidden: torch.Tensor, keys=None, values=None):
-        """Append a segment's layer inputs (detached) and keep the last `mem_len`. `keys` / `values`, when given, cover
-        [old memory; new_hidden] exactly; without them any stored keys are dropped (they would no longer match)."""
+        """Append a segment's layer inputs (detached), keep the last `mem_len`; `keys` / `values`: see
+        `MemoryLayer.append`."""
         layer = self.layers[layer_idx]
         keys, values = (None if tensor is None else tensor.detach() for tensor in (keys, values))
         keep = self.mem_len is not None and not self.record_past

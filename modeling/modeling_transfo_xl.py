@@ -1,13 +1,8 @@
-"""Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context").
-
-A decoder-only Transformer whose layers attend over [memory; segment]: the memory holds each layer's inputs from
-earlier segments, detached (segment-level recurrence, Sec. 3.2), and positions enter attention only as relative
-distances (Sec. 3.3). Parameter names are those of transformers 4.x `TransfoXL*`, so legacy checkpoints load as they
-are.
-
-Memory layout: `mems` (inputs and outputs) is a tuple with one tensor per layer, `mems[i]` = the last `mem_len`
-inputs of layer i, time-major `[mem_len, batch, d_model]` as in the legacy API. Inside, everything is batch-first.
-"""
+"""Transformer-XL (Dai et al. 2019): a decoder whose layers attend over [memory; segment], the memory holding each
+layer's inputs from earlier segments, detached (segment-level recurrence, Sec. 3.2); positions enter attention only as
+relative distances (Sec. 3.3). Parameter names are transformers 4.x `TransfoXL*`'s: legacy checkpoints load as they
+are. `mems[i]` (in and out): layer i's last `mem_len` inputs, time-major [mem_len, batch, d_model] as in the legacy
+API; inside, tensors are batch-first."""
 
 import copy
 from collections.abc import Callable
@@ -385,11 +380,10 @@ class TransfoXLAttention(nn.Module):
         positions: Callable | None, mask: torch.Tensor, biases: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False, slot_distances: torch.Tensor | None = None,
     ):  # fmt: skip
-        """hidden [B, q, d], memory [B, m, d] or None -> (output [B, q, d], probabilities or None, (keys, values)
-        over [memory; segment]). `cached_memory`: a cache layer whose memory keys and values are reused (exact: they
-        depend on the memory only). `positions`: the position keys as a function of `project_positions` (see
-        `TransfoXLModel._positions`). `mask` [B or 1, 1, q, k]: True where query i may not attend key j.
-        `output_attentions`: probabilities, from "eager". `slot_distances` [k]: a static cache step's key distances."""
+        """hidden [B, q, d], memory [B, m, d] | None -> (output [B, q, d], probabilities | None, (keys, values) over
+        [memory; segment]). `cached_memory`: a cache layer whose memory keys / values are reused; `positions`: see
+        `TransfoXLModel._positions`; `mask` [B|1, 1, q, k]: True where i may not attend j; `slot_distances` [k]: a
+        static cache step's key distances."""
         batch_size, query_length = hidden.shape[:2]
         normed = self.layer_norm(hidden) if self.pre_lnorm else hidden
         query, key, value = map(self._heads, self.qkv_net(normed).chunk(3, dim=-1))
@@ -424,17 +418,9 @@ class TransfoXLAttention(nn.Module):
         content_query = query if r_w_bias is None else query + r_w_bias[:, None, :].to(query.dtype)  # (q + u)
 
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        attention, probs = attention_interface(
-            self,
-            content_query,  # `content_query @ key` is terms (a)+(c)
-            key,
-            value,
-            mask,  # eager, sdpa: the other terms, masked (additive); flex: a FlexMask
-            dropout=dropout,
-            scaling=self.scale,
-            is_causal=False,
-            **bias,
-        )
+        # (`content_query @ key`: terms (a)+(c); `mask`: eager's, sdpa's other terms, masked, additive; flex's FlexMask)
+        attention, probs = attention_interface(self, content_query, key, value, mask, dropout=dropout,
+                                               scaling=self.scale, is_causal=False, **bias)  # fmt: skip
         output = self.drop(self.o_net(attention.reshape(batch_size, query_length, -1)))
         output = hidden + output if self.pre_lnorm else self.layer_norm(hidden + output)
         return output, probs, (key, value)
@@ -447,12 +433,9 @@ class TransfoXLFeedForward(nn.Module):
         super().__init__()
         self.pre_lnorm = config.pre_lnorm
         self.CoreNet = nn.Sequential(
-            nn.Linear(config.d_model, config.d_inner),
-            nn.ReLU(),
-            nn.Dropout(config.dropout),
-            nn.Linear(config.d_inner, config.d_model),
-            nn.Dropout(config.dropout),
-        )
+            nn.Linear(config.d_model, config.d_inner), nn.ReLU(), nn.Dropout(config.dropout),
+            nn.Linear(config.d_inner, config.d_model), nn.Dropout(config.dropout),
+        )  # fmt: skip
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -462,11 +445,8 @@ class TransfoXLFeedForward(nn.Module):
 
 
 class TransfoXLLayer(GradientCheckpointingLayer):
-    """One decoder layer: attention over [memory; segment], then the feed-forward block.
-
-    For attn_type 3 (Al-Rfou et al.) the layer first adds its learned absolute position embedding to its input
-    and to the memory (the memory itself stores the inputs without it).
-    """
+    """Attention over [memory; segment], then the feed-forward block. attn_type 3 (Al-Rfou et al.) first adds the
+    layer's learned absolute positions to its input and memory (the memory stores the inputs without them)."""
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__()
@@ -591,14 +571,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
         config._check_fields()  # again: fields edited since the config was built fail here, clearly
-        self.word_emb = AdaptiveEmbedding(
-            config.vocab_size,
-            config.d_embed,
-            config.d_model,
-            config.cutoffs,
-            div_val=config.div_val,
-            sparse=config.sample_softmax > 0,
-        )
+        self.word_emb = AdaptiveEmbedding(config.vocab_size, config.d_embed, config.d_model, config.cutoffs,
+                                          div_val=config.div_val, sparse=config.sample_softmax > 0)  # fmt: skip
         self.drop = nn.Dropout(config.dropout)
         if config.attn_type in (0, 2):
             self.pos_emb = TransfoXLPositionalEmbedding(config.d_model)
@@ -675,9 +649,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         hold the new `mems`, and the cache itself when `use_cache` is set or a cache was given."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
+        if output_hidden_states is None:
+            output_hidden_states = config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
         use_cache = bool(use_cache) or cache is not None
         batch_size, query_length = check_inputs(
@@ -825,12 +798,10 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         cache.start_ring(tables, attendable)
 
     def _positions(self, layer_idx, key_length, lowest, position_embedding, cache, reuse, ring):
-        """Layer `layer_idx`'s relative-position keys for distances k-1 ... `lowest` (attn_type 0; else None), as a
-        function of its `project_positions` that the layer calls in its forward: hooks on the layer (FSDP's
-        unsharding, adapters) see every use of its weights. Projected from `position_embedding`; with `reuse`
-        (frozen weights) sliced from the cache's stored table (`position_embedding` is then a list of the encodings
-        made for it in this forward, shared by the layers); a static cache's step reads its ring table. `ring`:
-        (encodings, tables) of a static cache's prompt, to which each layer adds its keys (see `_start_ring`)."""
+        """Layer `layer_idx`'s position keys for distances k-1 ... `lowest` (attn_type 0; else None) as a function of
+        its `project_positions`, called in its forward (hooks: FSDP, adapters, see every use of its weights). With
+        `reuse`, sliced from the cache's table (`position_embedding`: this forward's encodings, a list); a static
+        step's: its ring table. `ring`: a static prompt's (encodings, tables), each layer adding its keys."""
         if self.config.attn_type != 0:
             return None
         if isinstance(cache, StaticMemoryCache) and cache.ring:

@@ -546,6 +546,11 @@ def _check_token_labels(model, labels, input_ids, inputs_embeds, target_mapping,
         check_token_labels(model, labels, (batch_size, length), described, origin, num_classes, what, note, argument)
 
 
+def _passed_on(outputs: XLNetModelOutput) -> dict:
+    """What every head returns of the base model's outputs."""
+    return {"mems": outputs.mems, "hidden_states": outputs.hidden_states, "attentions": outputs.attentions}
+
+
 class XLNetModel(XLNetPreTrainedModel):
     """The XLNet encoder: embeddings, relative positional / segment encodings, masks, memory, n_layer layers."""
 
@@ -579,11 +584,9 @@ class XLNetModel(XLNetPreTrainedModel):
         expect("token_type_ids", token_type_ids, (batch, length), "[batch_size, seq_len]")
         expect("perm_mask", perm_mask, (batch, length, length), "[batch_size, seq_len, seq_len]")
         if target_mapping is not None and (
-            target_mapping.dim() != 3
-            or target_mapping.shape[0] != batch
-            or target_mapping.shape[2] != length
-            or target_mapping.shape[1] == 0
-        ):
+            target_mapping.dim() != 3 or target_mapping.shape[1] == 0
+            or (target_mapping.shape[0], target_mapping.shape[2]) != (batch, length)
+        ):  # fmt: skip
             raise ValueError(
                 f"{name}: `target_mapping` has shape {tuple(target_mapping.shape)}; expected "
                 f"[batch_size, num_predict, seq_len] = ({batch}, num_predict >= 1, {length}) "
@@ -773,21 +776,13 @@ class XLNetModel(XLNetPreTrainedModel):
             positions = self._positions(i, query_length, key_length, position_embeddings, cache, reuse_projections,
                                         ring)
             next_content, query_stream, probs, (key, value) = layer(
-                content,
-                query_stream,
-                positions,
-                content_mask=content_mask,
-                query_mask=query_mask,
-                segment_mismatch=segment_mismatch,
-                memory=cache.memory(i),
+                content, query_stream, positions, content_mask=content_mask, query_mask=query_mask,
+                segment_mismatch=segment_mismatch, memory=cache.memory(i), target_mapping=target_mapping,
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
-                target_mapping=target_mapping,
-                output_attentions=output_attentions,
+                output_attentions=output_attentions, query_after_content=predict_next_token, slot_columns=slot_columns,
                 # With a query stream, the last layer's content is read only as a hidden state / attention.
                 update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
-                query_after_content=predict_next_token,
-                slot_columns=slot_columns,
-            )
+            )  # fmt: skip
             if reuse_projections:  # keys / values stay aligned with the remembered positions
                 end = memory_length + kept
                 cache.store(i, content[:, :kept], key[:, :, :end], value[:, :, :end])
@@ -900,10 +895,7 @@ class XLNetLMHeadModel(XLNetPreTrainedModel, GenerationMixin):
         if labels is not None:  # (in fp32 at least, as transformers' causal-LM losses)
             upcast = logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32))
             loss = _loss_sum_or_mean(cross_entropy, upcast, labels.reshape(-1), num_items_in_batch)
-        return XLNetLMHeadModelOutput(
-            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions, cache=outputs.cache,
-        )  # fmt: skip
+        return XLNetLMHeadModelOutput(loss=loss, logits=logits, cache=outputs.cache, **_passed_on(outputs))
 
     # ----- generation -----
 
@@ -1021,10 +1013,7 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self._classification_loss(logits, labels, num_items_in_batch)
-        return XLNetForSequenceClassificationOutput(
-            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return XLNetForSequenceClassificationOutput(loss=loss, logits=logits, **_passed_on(outputs))
 
     def _classification_loss(self, logits, labels, num_items_in_batch):
         if problem_type(self.config, labels) == "regression":
@@ -1074,10 +1063,7 @@ class XLNetForTokenClassification(XLNetPreTrainedModel):
             loss = _loss_sum_or_mean(
                 F.cross_entropy, logits.reshape(-1, self.num_labels), labels.reshape(-1), num_items_in_batch
             )
-        return XLNetForTokenClassificationOutput(
-            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return XLNetForTokenClassificationOutput(loss=loss, logits=logits, **_passed_on(outputs))
 
 
 class XLNetForMultipleChoice(XLNetPreTrainedModel):
@@ -1128,10 +1114,7 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         loss = None
         if labels is not None:
             loss = _loss_sum_or_mean(F.cross_entropy, logits, labels.view(-1), num_items_in_batch)
-        return XLNetForMultipleChoiceOutput(
-            loss=loss, logits=logits, mems=outputs.mems, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return XLNetForMultipleChoiceOutput(loss=loss, logits=logits, **_passed_on(outputs))
 
 
 class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
@@ -1179,8 +1162,7 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
 
             loss = (span_loss(start_logits, start_positions) + span_loss(end_logits, end_positions)) / 2
         return XLNetForQuestionAnsweringSimpleOutput(
-            loss=loss, start_logits=start_logits, end_logits=end_logits, mems=outputs.mems,
-            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            loss=loss, start_logits=start_logits, end_logits=end_logits, **_passed_on(outputs)
         )
 
 
@@ -1221,7 +1203,6 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         )  # fmt: skip
         hidden = outputs.last_hidden_state
         start_logits = self.start_logits(hidden, p_mask=p_mask)
-        common = {"mems": outputs.mems, "hidden_states": outputs.hidden_states, "attentions": outputs.attentions}
 
         if start_positions is not None and end_positions is not None:
             start_positions, end_positions = start_positions.reshape(-1), end_positions.reshape(-1)
@@ -1232,7 +1213,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
                 cls_logits = self.answer_class(hidden, start_positions=start_positions, cls_index=cls_index)
                 cls_loss = F.binary_cross_entropy_with_logits(cls_logits, is_impossible.to(cls_logits.dtype))
                 loss = loss + 0.5 * cls_loss  # the original weighs answerability by 0.5
-            return XLNetForQuestionAnsweringOutput(loss=loss, **common)
+            return XLNetForQuestionAnsweringOutput(loss=loss, **_passed_on(outputs))
 
         batch, length, width = hidden.shape
         start_probs = F.softmax(start_logits, dim=-1)  # [B, L]
@@ -1250,7 +1231,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         cls_logits = self.answer_class(hidden, start_states=expected_start, cls_index=cls_index)
         return XLNetForQuestionAnsweringOutput(
             start_top_log_probs=start_top_probs, start_top_index=start_top_index, end_top_log_probs=end_top_probs,
-            end_top_index=end_top_index, cls_logits=cls_logits, **common,
+            end_top_index=end_top_index, cls_logits=cls_logits, **_passed_on(outputs),
         )  # fmt: skip
 
 
