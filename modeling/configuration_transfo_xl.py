@@ -12,26 +12,18 @@ ATTENTION_TYPES = {
 
 
 class TransfoXLConfig(PreTrainedConfig):
-    """Configuration of a Transformer-XL model.
+    """Field names and defaults of transformers 4.x's `TransfoXLConfig` (defaults: `transfo-xl-wt103`), so the Hub's
+    `config.json` files load unchanged. Notable fields:
 
-    Field names and defaults are those of the legacy `TransfoXLConfig` of transformers 4.x (defaults = the
-    `transfo-xl-wt103` checkpoint), so the Hub's `config.json` files load unchanged. Notable fields:
-
-    - `cutoffs`, `div_val`: the adaptive input / softmax clusters; cluster i holds ids
-      `[cutoff_ends[i], cutoff_ends[i+1])` and embeds them in `d_embed // div_val**i` dimensions.
-    - `tie_weight`: tie the softmax output layers to the input embeddings; `tie_projs[i]`: tie the i-th softmax
-      projection to the i-th embedding projection (`proj_share_all_but_first` builds `[False, True, True, ...]`).
-    - `mem_len`: length of the recurrent memory (0 disables it); `clamp_len`: relative distances above it use the
-      encoding of `clamp_len` (<= 0: no clamping); `same_length`: every query attends to the same number of keys.
-    - `attn_type`: 0 Transformer-XL, 1 Shaw et al., 2 absolute sinusoidal, 3 Al-Rfou et al. (see ATTENTION_TYPES).
-    - `sample_softmax`: > 0 trains with that many log-uniform negative samples instead of the full softmax.
-    - `zero_initial_mems`: start without memory from `mem_len` zero vectors that are attended to, as the legacy
-      HF code did (needed to reproduce its numbers); the default starts from an empty memory like the original
-      PyTorch code.
-    - `same_length_span`: with `same_length`, query i may not attend to keys j <= i - span. None (default): the
-      PyTorch rule, every query sees at most `mem_len` keys; 1: the original TF code's rule, every query sees exactly
-      memory length + 1 keys (set by the TF checkpoint converter).
-    """
+    - `cutoffs`, `div_val`: the adaptive clusters; cluster i holds ids `[cutoff_ends[i], cutoff_ends[i+1])` in
+      `d_embed // div_val**i` dimensions. `tie_weight`: softmax layers tied to the embeddings; `tie_projs[i]`: the
+      i-th softmax projection to the i-th embedding projection (`proj_share_all_but_first`: `[False, True, ...]`).
+    - `mem_len`: the memory's length (0: none); `clamp_len`: longer distances share its encoding (<= 0: none).
+    - `attn_type`: see ATTENTION_TYPES; `sample_softmax` > 0: trained with that many log-uniform negatives.
+    - `zero_initial_mems`: start from `mem_len` attended zero vectors, as legacy HF code did (to reproduce its
+      numbers); by default the memory starts empty, as in the original PyTorch code.
+    - `same_length_span`: with `same_length` (every query sees as many keys), query i may not attend j <= i - span.
+      None: the PyTorch rule, at most `mem_len` keys; 1: the TF code's, exactly memory length + 1 keys."""
 
     model_type = "transfo-xl"
     keys_to_ignore_at_inference = ["mems"]
@@ -163,9 +155,7 @@ class TransfoXLConfig(PreTrainedConfig):
         narrowest = self.d_embed // self.div_val ** len(self.cutoffs)  # the last cluster's embedding width
         if narrowest == 0:
             fail(
-                "d_embed",
-                self.d_embed,
-                f"at least div_val**{len(self.cutoffs)} = {self.div_val ** len(self.cutoffs)}: cluster i embeds its "
+                "d_embed", self.d_embed, f"at least div_val**{len(self.cutoffs)} = {self.div_val ** len(self.cutoffs)}: cluster i embeds its "
                 f"ids in d_embed // div_val**i dimensions, 0 for the last of the {len(self.cutoffs) + 1} clusters",
             )
         if self.attn_type not in ATTENTION_TYPES:
