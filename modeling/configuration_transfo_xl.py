@@ -154,10 +154,9 @@ class TransfoXLConfig(PreTrainedConfig):
             fail("div_val", self.div_val, "an integer >= 1")
         narrowest = self.d_embed // self.div_val ** len(self.cutoffs)  # the last cluster's embedding width
         if narrowest == 0:
-            fail(
-                "d_embed", self.d_embed, f"at least div_val**{len(self.cutoffs)} = {self.div_val ** len(self.cutoffs)}: cluster i embeds its "
-                f"ids in d_embed // div_val**i dimensions, 0 for the last of the {len(self.cutoffs) + 1} clusters",
-            )
+            n = len(self.cutoffs)
+            fail("d_embed", self.d_embed, f"at least div_val**{n} = {self.div_val**n}: cluster i embeds its ids in "
+                 f"d_embed // div_val**i dimensions, 0 for the last of the {n + 1} clusters")  # fmt: skip
         if self.attn_type not in ATTENTION_TYPES:
             fail("attn_type", self.attn_type, f"one of {sorted(ATTENTION_TYPES)}: {ATTENTION_TYPES}")
         if self.attn_type == 3 and self.n_head * self.d_head != self.d_model:

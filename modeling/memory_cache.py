@@ -188,7 +188,7 @@ class SegmentMemory(Cache):
     def for_forward(
         cls, cache, mems, num_layers: int, mem_len: int | None, batch_size: int, width: int, model: str, dtype, device
     ):
-        """The memory a forward attends to and updates: `cache`, `mems` wrapped, or a new one, checked (`check_mems`)."""
+        """The memory a forward attends to and updates: `cache`, `mems` wrapped or a new one, checked (`check_mems`)."""
         if cache is not None and mems is not None:
             raise ValueError(f"{model}: pass the memory either as `cache` or as `mems`, not both.")
         if mems is not None:
@@ -278,8 +278,8 @@ class SegmentMemory(Cache):
             layer.map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Forget the newest `-tokens_to_remove` positions (transformers' convention: a count <= 0), then keep the last
-        `mem_len`: an exact rollback while past positions are recorded or none was evicted (`is_croppable`)."""
+        """Forget the newest `-tokens_to_remove` positions (transformers' convention), keep the last `mem_len`: an
+        exact rollback while `is_croppable`."""
         if tokens_to_remove > 0:
             raise ValueError(
                 f"MemoryCache.crop: got {tokens_to_remove}; expected minus the number of positions to remove "
@@ -295,8 +295,7 @@ class SegmentMemory(Cache):
         self.seen_tokens = max(self.seen_tokens + tokens_to_remove, 0)  # a given memory may predate the inputs
 
     def activate_past_recording(self, recurrent_states_to_keep: int | None = None):
-        """Keep what `mem_len` would evict until the next `crop`, whatever `recurrent_states_to_keep` (transformers'
-        count of steps a recurrent layer must roll back) says: a memory of positions rolls back any number."""
+        """See the class; `recurrent_states_to_keep` (steps a recurrent layer rolls back) does not matter here."""
         self.record_past = True
 
     def reset(self):

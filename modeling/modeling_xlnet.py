@@ -204,8 +204,7 @@ class XLNetRelativeAttention(nn.Module):
     ):  # fmt: skip
         """-> (content | None, query | None, probabilities, (keys, values)). `cached_memory`: reused memory keys and
         values; `update_content=False`: no content stream; `query_after_content`: one query row after the segment;
-        `slot_columns`: a static step (`query_mask` covers every row); `positions`: see
-        `XLNetModel._positions`."""
+        `slot_columns`: a static step (`query_mask` covers every row); `positions`: see `XLNetModel._positions`."""
         position_keys = positions(self.project_positions)
         if cached_memory is not None:
             key, value = cached_memory.key_values_with(*self.project_keys_values(content))
@@ -576,21 +575,18 @@ class XLNetModel(XLNetPreTrainedModel):
         name = type(self).__name__
         batch, length = check_inputs(name, input_ids, inputs_embeds, self.config.vocab_size, self.config.d_model)
 
-        def expect(field, tensor, shape, described):
-            check_shape(name, field, tensor, shape, described, " (batch_size, seq_len from the inputs)")
-
-        expect("attention_mask", attention_mask, (batch, length), "[batch_size, seq_len]")
-        expect("input_mask", input_mask, (batch, length), "[batch_size, seq_len]")
-        expect("token_type_ids", token_type_ids, (batch, length), "[batch_size, seq_len]")
-        expect("perm_mask", perm_mask, (batch, length, length), "[batch_size, seq_len, seq_len]")
+        origin = " (batch_size, seq_len from the inputs)"
+        for field, tensor in (("attention_mask", attention_mask), ("input_mask", input_mask),
+                              ("token_type_ids", token_type_ids)):  # fmt: skip
+            check_shape(name, field, tensor, (batch, length), "[batch_size, seq_len]", origin)
+        check_shape(name, "perm_mask", perm_mask, (batch, length, length), "[batch_size, seq_len, seq_len]", origin)
         if target_mapping is not None and (
             target_mapping.dim() != 3 or target_mapping.shape[1] == 0
             or (target_mapping.shape[0], target_mapping.shape[2]) != (batch, length)
         ):  # fmt: skip
             raise ValueError(
                 f"{name}: `target_mapping` has shape {tuple(target_mapping.shape)}; expected "
-                f"[batch_size, num_predict, seq_len] = ({batch}, num_predict >= 1, {length}) "
-                "(batch_size, seq_len from the inputs)."
+                f"[batch_size, num_predict, seq_len] = ({batch}, num_predict >= 1, {length}){origin}."
             )
         if attention_mask is not None and input_mask is not None:
             raise ValueError(
@@ -795,7 +791,7 @@ class XLNetModel(XLNetPreTrainedModel):
             hidden_states.extend([content] if query_stream is None else [content, query_stream])
         if stepping:
             cache.advance()
-        elif static:  # (the prompt has run: into the slots; the first step rewrites 1 position, 2 if it filled reuse_len)
+        elif static:  # (after the prompt: into the slots; the first step rewrites 1 position, 2 if it filled reuse_len)
             reuse_len = self.config.reuse_len
             cache.start_ring(ring[1], rewritten=2 if reuse_len and cache.last_stored >= reuse_len else 1)
 
@@ -1021,12 +1017,10 @@ class XLNetForSequenceClassification(XLNetPreTrainedModel):
                 logits, labels = logits.squeeze(), labels.squeeze()
             return _loss_sum_or_mean(F.mse_loss, logits, labels.to(logits.dtype), num_items_in_batch)
         if self.config.problem_type == "single_label_classification":
-            return _loss_sum_or_mean(
-                F.cross_entropy, logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch
-            )
-        return _loss_sum_or_mean(
-            F.binary_cross_entropy_with_logits, logits, labels.to(logits.dtype), num_items_in_batch
-        )
+            logits, labels = logits.view(-1, self.num_labels), labels.view(-1)
+            return _loss_sum_or_mean(F.cross_entropy, logits, labels, num_items_in_batch)
+        labels = labels.to(logits.dtype)
+        return _loss_sum_or_mean(F.binary_cross_entropy_with_logits, logits, labels, num_items_in_batch)
 
 
 class XLNetForTokenClassification(XLNetPreTrainedModel):
