@@ -308,9 +308,7 @@ class SegmentMemory(Cache):
         hidden = self.layers[0].hidden
         return self.record_past or hidden is None or hidden.shape[1] == self.seen_tokens
 
-    @property
-    def is_compileable(self) -> bool:
-        return False
+    is_compileable = False
 
     @property
     def is_initialized(self) -> bool:
@@ -320,13 +318,7 @@ class SegmentMemory(Cache):
     def is_sliding(self) -> list[bool]:
         return [self.mem_len is not None] * len(self.layers)
 
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False] * len(self.layers)
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * len(self.layers)
+    is_linear = is_dummy = property(lambda self: [False] * len(self.layers))
 
     def __repr__(self):
         return f"{type(self).__name__}(layers={len(self.layers)}, mem_len={self.mem_len}, seen={self.seen_tokens})"
@@ -450,6 +442,4 @@ class StaticMemoryCache(SegmentMemory, StaticCache):
     def is_croppable(self) -> bool:
         return not self.ring and super().is_croppable
 
-    @property
-    def is_compileable(self) -> bool:
-        return True
+    is_compileable = True

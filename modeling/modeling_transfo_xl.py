@@ -867,18 +867,15 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None, logits_to_keep: int = 0, num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> TransfoXLLMHeadModelOutput | tuple:  # fmt: skip
-        """`labels` are the input ids themselves (shifted inside); -100 marks ignored positions. Or, as in
-        transformers v5's causal-LM loss, `shift_labels` [batch, seq_len]: the targets already shifted, so that the
-        last position predicts the token after the segment (every token of a stream predicted once, as the original
-        protocol does; see `TextStream`). It comes through `**kwargs`, as in transformers' own models, so Trainer
-        keeps treating `labels` as the label column; given with `labels` (as Trainer's context parallelism does), it
-        replaces them. `num_items_in_batch` (passed by Trainer) normalises the loss over all accumulated
-        micro-batches.
+        """`labels`: the input ids (shifted inside; -100: ignored). `shift_labels` [batch, seq_len] (transformers v5's
+        causal-LM loss): targets already shifted, the last position predicting the token after the segment (each
+        token of a stream predicted once, as in the original; see `TextStream`); passed in `**kwargs`, so that
+        Trainer's label column stays `labels`, which they replace. `num_items_in_batch` (Trainer's) normalises the
+        loss over accumulated micro-batches.
 
-        With `return_dict=False` the tuple is transformers 4.x's, which legacy scripts unpack: without labels
-        `(logits, mems, ...)`; with labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` when
-        `config.trainer_compatible` is true (`()` stands where 4.x put its empty prediction scores). `...` is the
-        cache (when one is used), hidden states and attentions that were asked for; absent entries are left out."""
+        `return_dict=False` gives the tuple legacy scripts unpack (4.x's): without labels `(logits, mems, ...)`; with
+        labels `(losses, (), mems, ..., loss)`, or `(loss, (), losses, mems, ...)` with `config.trainer_compatible`
+        (`()`: 4.x's empty prediction scores). `...`: the cache, hidden states and attentions, those present."""
         shift_labels = kwargs.pop("shift_labels", None)
         if kwargs:
             raise TypeError(f"TransfoXLLMHeadModel.forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
