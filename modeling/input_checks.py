@@ -8,9 +8,9 @@ IGNORE_INDEX = -100  # the label value every loss skips (transformers' conventio
 
 
 def check_all(model: str, argument: str, valid: torch.Tensor, values: torch.Tensor, expected: str):
-    """Fail unless the boolean tensor `valid` is all True, without a host sync; where the assertion fails at once (CPU,
-    eager), a ValueError names the range of the invalid `values`. `expected` must not print a traced size (a sequence
-    length): the graph would be specialised to it, one recompilation per length."""
+    """Fail unless `valid` is all True, without a host sync; where that fails at once (CPU, eager), a ValueError gives
+    the range of the invalid `values`. `expected` must not print a traced size (a sequence length): one recompilation
+    per length."""
     try:
         torch._assert_async(valid.all(), f"{model}: `{argument}` has values out of range; expected {expected}.")
     except RuntimeError:  # (raised at once: CPU, eager; not in a graph, where the assertion is a node)

@@ -20,17 +20,8 @@ from .configuration_transfo_xl import TransfoXLConfig
 from .input_checks import IGNORE_INDEX, check_inputs, check_sequence_labels, check_token_labels, inputs_shape, problem_type
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
-    ALL_ATTENTION_FUNCTIONS,
-    attention_implementation,
-    causal_memory_mask,
-    cross_entropy,
-    distance_scores,
-    eager_attention_forward,
-    mask_scores_,
-    flex_mask,
-    pad_to_block,
-    relative_shift,
-    sinusoid_encoding,
+    ALL_ATTENTION_FUNCTIONS, attention_implementation, causal_memory_mask, cross_entropy, distance_scores,
+    eager_attention_forward, mask_scores_, flex_mask, pad_to_block, relative_shift, sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
 
@@ -629,9 +620,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         return mask
 
     def _position_embedding(self, highest, lowest, dtype, device):
-        """Encodings of distances highest ... lowest (clamped at `clamp_len`), with dropout; None for learned
-        schemes. Relative attention (type 0) uses k-1 ... -1 or lower (`_lowest_distance`), absolute positions (type 2)
-        k-1 ... 0."""
+        """Encodings of distances highest ... lowest (clamped at `clamp_len`), with dropout; None for learned schemes.
+        Type 0 uses k-1 ... -1 or lower (`_lowest_distance`), type 2 (absolute) k-1 ... 0."""
         if not hasattr(self, "pos_emb"):
             return None
         positions = torch.arange(highest, lowest - 1, -1, dtype=torch.float32, device=device)  # (an integer step: exportable)
@@ -787,9 +777,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         return masked[None, None, None, :] | ~cache.attendable[:, None, None, :]
 
     def _start_ring(self, cache, tables, attention_mask, device):
-        """After the prompt: move the static cache's memory into its slots, with each layer's position keys for
-        the distances mem_len ... 0 (`tables`) and which memory positions are padding (`attention_mask`'s columns for
-        them; positions before its first column are attended, as in `_attention_mask`)."""
+        """After the prompt: the static cache's memory into its slots, with each layer's position keys of distances
+        mem_len ... 0 (`tables`) and its padding (`attention_mask`'s columns; older positions attended, as there)."""
         held = cache.memory(0).shape[1]
         attendable = torch.ones(cache.batch_size, held, dtype=torch.bool, device=device)
         if attention_mask is not None:

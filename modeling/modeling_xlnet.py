@@ -28,32 +28,13 @@ from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_xlnet import XLNetConfig
 from .input_checks import (
-    IGNORE_INDEX,
-    check_class_ids,
-    check_inputs,
-    check_integer,
-    check_one_per_sequence,
-    check_sequence_labels,
-    check_shape,
-    check_span_positions,
-    check_token_labels,
-    check_values_in,
-    inputs_shape,
-    problem_type,
+    IGNORE_INDEX, check_class_ids, check_inputs, check_integer, check_one_per_sequence, check_sequence_labels,
+    check_shape, check_span_positions, check_token_labels, check_values_in, inputs_shape, problem_type,
 )
 from .memory_cache import MemoryCache, MemoryLayer, StaticMemoryCache, key_values_over
 from .relative_attention import (
-    ALL_ATTENTION_FUNCTIONS,
-    attention_implementation,
-    causal_memory_mask,
-    cross_entropy,
-    distance_scores,
-    eager_attention_forward,
-    mask_scores_,
-    flex_mask,
-    pad_to_block,
-    relative_shift,
-    sinusoid_encoding,
+    ALL_ATTENTION_FUNCTIONS, attention_implementation, causal_memory_mask, cross_entropy, distance_scores,
+    eager_attention_forward, mask_scores_, flex_mask, pad_to_block, relative_shift, sinusoid_encoding,
     sinusoid_inverse_frequencies,
 )
 
@@ -67,7 +48,7 @@ MAX_TOKEN_TYPE_ID = 4
 
 @dataclass
 class XLNetModelOutput(ModelOutput):
-    """`last_hidden_state` [batch, num_predict or seq_len, d_model]; `mems`: [mem_len, batch, d_model] per layer."""
+    """`last_hidden_state`: [batch, num_predict or seq_len, d_model]."""
 
     last_hidden_state: torch.Tensor | None = None
     mems: tuple[torch.Tensor, ...] | None = None
@@ -110,14 +91,11 @@ class XLNetRelativeAttention(nn.Module):
         self.scale = config.d_head**-0.5
         self.attention_dropout = config.dropout
         inner = config.n_head * config.d_head
-        self.q = nn.Linear(config.d_model, inner, bias=False)
-        self.k = nn.Linear(config.d_model, inner, bias=False)
-        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.q, self.k, self.v = (nn.Linear(config.d_model, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, config.d_model, bias=False)
         self.r = nn.Linear(config.d_model, inner, bias=False)
-        self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
-        self.r_s_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
-        self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        biases = (nn.Parameter(torch.empty(config.n_head, config.d_head)) for _ in range(3))
+        self.r_r_bias, self.r_s_bias, self.r_w_bias = biases
         self.seg_embed = nn.Parameter(torch.empty(2, config.n_head, config.d_head))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
@@ -375,6 +353,11 @@ def _mask_positions(logits: torch.Tensor, p_mask: torch.Tensor | None) -> torch.
     return logits * (1 - p_mask) - fill * p_mask
 
 
+def _state_at(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B, L, d], [B] -> [B, d]: each sequence's hidden state at its position."""
+    return hidden.gather(-2, positions[:, None, None].expand(-1, 1, hidden.shape[-1])).squeeze(-2)
+
+
 class XLNetPoolerStartLogits(nn.Module):
     """Span-start logits [B, L] from the final hidden states."""
 
@@ -398,8 +381,7 @@ class XLNetPoolerEndLogits(nn.Module):
 
     def forward(self, hidden_states, start_states=None, start_positions=None, p_mask=None) -> torch.Tensor:
         if start_positions is not None:
-            index = start_positions[:, None, None].expand(-1, 1, hidden_states.shape[-1])
-            start_states = hidden_states.gather(-2, index).expand(-1, hidden_states.shape[-2], -1)
+            start_states = _state_at(hidden_states, start_positions)[:, None].expand(-1, hidden_states.shape[-2], -1)
         elif start_states is None:
             raise ValueError("XLNetPoolerEndLogits: pass `start_states` or `start_positions`.")
         x = self.dense_1(self.LayerNorm(self.activation(self.dense_0(torch.cat([hidden_states, start_states], -1)))))
@@ -416,15 +398,11 @@ class XLNetPoolerAnswerClass(nn.Module):
         self.dense_1 = nn.Linear(config.d_model, 1, bias=False)
 
     def forward(self, hidden_states, start_states=None, start_positions=None, cls_index=None) -> torch.Tensor:
-        width = hidden_states.shape[-1]
         if start_positions is not None:
-            start_states = hidden_states.gather(-2, start_positions[:, None, None].expand(-1, 1, width)).squeeze(-2)
+            start_states = _state_at(hidden_states, start_positions)
         elif start_states is None:
             raise ValueError("XLNetPoolerAnswerClass: pass `start_states` or `start_positions`.")
-        if cls_index is not None:
-            cls_state = hidden_states.gather(-2, cls_index[:, None, None].expand(-1, 1, width)).squeeze(-2)
-        else:
-            cls_state = hidden_states[:, -1, :]
+        cls_state = hidden_states[:, -1, :] if cls_index is None else _state_at(hidden_states, cls_index)
         x = self.activation(self.dense_0(torch.cat([start_states, cls_state], dim=-1)))
         return self.dense_1(x).squeeze(-1)
 
@@ -460,9 +438,7 @@ class XLNetSequenceSummary(nn.Module):
             else:
                 index = cls_index[..., None, None].expand(*cls_index.shape, 1, hidden_states.shape[-1])
             output = hidden_states.gather(-2, index).squeeze(-2)
-        output = self.first_dropout(output)
-        output = self.activation(self.summary(output))
-        return self.last_dropout(output)
+        return self.last_dropout(self.activation(self.summary(self.first_dropout(output))))
 
 
 # ----- Models -----
@@ -487,9 +463,8 @@ class XLNetPreTrainedModel(PreTrainedModel):
 
     @staticmethod
     def _load_pretrained_model(model, *args, **kwargs):
-        """transformers' loading with q, k, v, o, r held as the files' [d_model, H, D] parameters: it loads tensors by
-        name, converting layouts only by mappings registered process-wide per class name or model_type (its XLNet's
-        too)."""
+        """transformers' loading with q, k, v, o, r held as the files' [d_model, H, D] parameters: it converts layouts
+        only by mappings registered process-wide (its XLNet's too)."""
         layers = {n: m for n, m in model.named_modules() if isinstance(m, XLNetRelativeAttention)}
         for layer in layers.values():
             layer.checkpoint_layout(True)
@@ -567,8 +542,6 @@ class XLNetModel(XLNetPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.word_embedding = new_embeddings
 
-    # ----- inputs -----
-
     def _check_inputs(self, input_ids, inputs_embeds, attention_mask, input_mask, perm_mask, target_mapping,
                       token_type_ids):
         """Shapes and values of the inputs, with errors that say what was expected. Returns (batch, seq_len)."""
@@ -602,8 +575,6 @@ class XLNetModel(XLNetPreTrainedModel):
             )
         return batch, length
 
-    # ----- position keys -----
-
     def _positions(self, layer_idx, query_length, key_length, position_embeddings, cache, reuse, ring):
         """Layer `layer_idx`'s position keys as a function of its `project_positions`, called in its forward (hooks
         see all uses of its weights); `reuse`: from the cache. `ring`: a static cache prompt's (encodings, tables)."""
@@ -625,8 +596,6 @@ class XLNetModel(XLNetPreTrainedModel):
             return cache.position_keys(layer_idx, key_length - lowest + 1, lowest, lambda n: project(encodings(n)))
 
         return position_keys
-
-    # ----- encodings and masks -----
 
     def _relative_position_embeddings(self, highest: int, lowest: int, device) -> torch.Tensor:
         """fp32 encodings [R, d] of distances highest ... lowest, clamped to +-clamp_len (> 0); `bi_data`: [2, R, d],
@@ -667,8 +636,6 @@ class XLNetModel(XLNetPreTrainedModel):
         itself = F.pad(torch.eye(query_length, dtype=torch.bool, device=device), (memory_length, 0))
         content_mask = query_mask & ~itself
         return query_mask[:, None], content_mask[:, None]
-
-    # ----- forward -----
 
     @can_return_tuple
     def forward(
@@ -776,8 +743,8 @@ class XLNetModel(XLNetPreTrainedModel):
                 segment_mismatch=segment_mismatch, memory=cache.memory(i), target_mapping=target_mapping,
                 cached_memory=cache.known_key_values(i) if reuse_projections else None,
                 output_attentions=output_attentions, query_after_content=predict_next_token, slot_columns=slot_columns,
-                # With a query stream, the last layer's content is read only as a hidden state / attention.
-                update_content=i < last_layer or query_stream is None or output_hidden_states or output_attentions,
+                # (with a query stream, the last layer's content is read only as a hidden state / attention)
+                update_content=i < last_layer or output_hidden_states or output_attentions,
             )  # fmt: skip
             if reuse_projections:  # keys / values stay aligned with the remembered positions
                 end = memory_length + kept
@@ -796,14 +763,11 @@ class XLNetModel(XLNetPreTrainedModel):
             cache.start_ring(ring[1], rewritten=2 if reuse_len and cache.last_stored >= reuse_len else 1)
 
         output = self.dropout(content if query_stream is None else query_stream)
-        return XLNetModelOutput(
-            last_hidden_state=output,
-            # (a static cache's `mems`: `cache.mems`, on demand)
-            mems=cache.mems if use_mems and not static else None,
-            cache=cache if cache_given else None,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+        return XLNetModelOutput(  # (a static cache's `mems`: `cache.mems`, on demand)
+            last_hidden_state=output, mems=cache.mems if use_mems and not static else None,
+            cache=cache if cache_given else None, hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
-        )
+        )  # fmt: skip
 
     # ----- a static cache's decoding step (`cache_implementation="static"`) -----
 
@@ -822,9 +786,9 @@ class XLNetModel(XLNetPreTrainedModel):
             raise ValueError(f"XLNetModel: the static cache {problem}; else use the default cache (MemoryCache).")
 
     def _slot_masks(self, cache, dtype):
-        """A static step's rows (the tokens n-2, n-1 fed again, the query of n): each (row, slot)'s column in the
-        position keys (distances R ... -1) [3, R] and the additive mask [1, 1, 3, R] ("uni"'s future, same_length's
-        beyond the memory; -inf on unwritten slots)."""
+        """A static step's rows (tokens n-2, n-1 fed again, the query of n): each (row, slot)'s column in the position
+        keys (distances R ... -1) [3, R], the additive mask [1, 1, 3, R] ("uni"'s future, same_length's beyond the
+        memory; -inf: unwritten slots)."""
         newest_distance = cache.slot_distances()  # [R] from position n-1 to each slot's
         distances = newest_distance + torch.arange(-1, 2, device=newest_distance.device)[:, None]  # i - j
         masked = (distances < 0) & (self.config.attn_type == "uni")
@@ -1082,11 +1046,9 @@ class XLNetForMultipleChoice(XLNetPreTrainedModel):
         name = type(self).__name__
         reference = input_ids if input_ids is not None else inputs_embeds
         if reference is None or reference.dim() != (3 if input_ids is not None else 4):
-            raise ValueError(
-                f"{name}: expected `input_ids` [batch_size, num_choices, seq_len] (or `inputs_embeds` "
-                f"[batch_size, num_choices, seq_len, d_model]), got "
-                f"{None if reference is None else tuple(reference.shape)}."
-            )
+            shape = None if reference is None else tuple(reference.shape)
+            raise ValueError(f"{name}: expected `input_ids` [batch_size, num_choices, seq_len] (or `inputs_embeds` "
+                             f"[batch_size, num_choices, seq_len, d_model]), got {shape}.")  # fmt: skip
         batch_size, num_choices, seq_len = reference.shape[:3]
         for field, tensor in (("attention_mask", attention_mask), ("input_mask", input_mask),
                               ("token_type_ids", token_type_ids)):  # fmt: skip
@@ -1135,7 +1097,7 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
         output_attentions=None, output_hidden_states=None, **kwargs,
     ) -> XLNetForQuestionAnsweringSimpleOutput:  # fmt: skip
         output = _output_positions(input_ids, inputs_embeds, target_mapping)
-        if output is not None:  # positions past the end are ignored, as in transformers (see the loss below)
+        if output is not None:  # (positions past the end pass: see the loss)
             for field, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
                 check_span_positions(type(self).__name__, field, positions, *output[:2], ignore_beyond=True)
         outputs = self.transformer(
@@ -1143,9 +1105,8 @@ class XLNetForQuestionAnsweringSimple(XLNetPreTrainedModel):
             token_type_ids=token_type_ids, input_mask=input_mask, inputs_embeds=inputs_embeds, use_mems=use_mems,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
         )  # fmt: skip
-        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).split(1, dim=-1)
-        start_logits = start_logits.squeeze(-1).contiguous()
-        end_logits = end_logits.squeeze(-1).contiguous()
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = logits[..., 0].contiguous(), logits[..., 1].contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:
             # Positions past the end are ignored, as in transformers: the answer lies outside this window.
@@ -1206,7 +1167,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
                 cls_index, is_impossible = cls_index.reshape(-1), is_impossible.reshape(-1)
                 cls_logits = self.answer_class(hidden, start_positions=start_positions, cls_index=cls_index)
                 cls_loss = F.binary_cross_entropy_with_logits(cls_logits, is_impossible.to(cls_logits.dtype))
-                loss = loss + 0.5 * cls_loss  # the original weighs answerability by 0.5
+                loss = loss + 0.5 * cls_loss
             return XLNetForQuestionAnsweringOutput(loss=loss, **_passed_on(outputs))
 
         batch, length, width = hidden.shape
@@ -1219,8 +1180,7 @@ class XLNetForQuestionAnswering(XLNetPreTrainedModel):
         end_logits = self.end_logits(hidden_expanded, start_states=start_states, p_mask=end_p_mask)  # [B, L, k_s]
         end_probs = F.softmax(end_logits, dim=1)
         end_top_probs, end_top_index = torch.topk(end_probs, self.end_n_top, dim=1)  # [B, k_e, k_s]
-        end_top_probs = end_top_probs.reshape(-1, self.start_n_top * self.end_n_top)
-        end_top_index = end_top_index.reshape(-1, self.start_n_top * self.end_n_top)
+        end_top_probs, end_top_index = end_top_probs.flatten(1), end_top_index.flatten(1)  # [B, k_e k_s]
         expected_start = torch.einsum("blh,bl->bh", hidden, start_probs)
         cls_logits = self.answer_class(hidden, start_states=expected_start, cls_index=cls_index)
         return XLNetForQuestionAnsweringOutput(
