@@ -50,6 +50,27 @@ def test_greedy_and_beams_match_transformers_and_steps_stay_small(mem_len):
     assert torch.equal(model.generate(prompt, **beams), reference.generate(prompt, **beams))
 
 
+def test_config_use_cache_is_the_memory_in_eval_mode(tmp_path):
+    """As in transformers 4.x, `use_cache` is `use_mems_eval` (given, read or set; saved as `use_mems_eval` only):
+    transformers' generation tests run their cached paths only for a config that has it. False generates without the
+    memory (the whole sequence every step), as transformers' XLNet does with `use_mems=False`."""
+    config = XLNetConfig(**TINY, use_cache=False)
+    assert config.use_cache is False and config.use_mems_eval is False
+    config.use_cache = True
+    assert config.use_mems_eval is True
+    config.save_pretrained(tmp_path)
+    saved = (tmp_path / "config.json").read_text()
+    assert '"use_mems_eval": true' in saved and "use_cache" not in saved
+    reference, model = scrambled_pair(mem_len=6, use_cache=False)
+    lengths = []
+    forward = model.forward
+    model.forward = lambda *a, **k: lengths.append(k["input_ids"].shape[1]) or forward(*a, **k)
+    settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=5)
+    actual = model.generate(ids(2, 5), **settings)
+    assert torch.equal(actual, reference.generate(ids(2, 5), use_mems=False, **settings))
+    assert lengths == [5, 6, 7, 8]
+
+
 def test_sampling_several_sequences_matches_transformers():
     reference, model = scrambled_pair(mem_len=8)
     settings = dict(max_new_tokens=6, do_sample=True, top_p=0.9, num_return_sequences=3, pad_token_id=5)
