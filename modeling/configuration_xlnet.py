@@ -32,7 +32,6 @@ class XLNetConfig(PreTrainedConfig):
         "hidden_size": "d_model",
         "num_attention_heads": "n_head",
         "num_hidden_layers": "n_layer",
-        "use_cache": "use_mems_eval",
     }
 
     vocab_size: int = 32000
@@ -63,12 +62,12 @@ class XLNetConfig(PreTrainedConfig):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     tie_word_embeddings: bool = True
-    # (the pipeline's "XL prefix" is opt-in: `prefix=...`)
+    # (the text-generation pipeline's fixed "XL prefix" paragraph is opt-in: `pipeline(..., prefix=...)`)
     prefix: str = ""
 
     def __post_init__(self, **kwargs):
-        kwargs.pop("max_position_embeddings", None)  # 2019 Hub configs: not a limit
-        self.use_mems_eval = kwargs.pop("use_cache", self.use_mems_eval)  # 4.x's alias
+        # The first Hub configs (2019) carried `max_position_embeddings: 512`, which never limited XLNet: drop it.
+        kwargs.pop("max_position_embeddings", None)
         super().__post_init__(**kwargs)
         if self.d_head is None and isinstance(self.d_model, int) and isinstance(self.n_head, int) and self.n_head > 0:
             self.d_head = self.d_model // self.n_head

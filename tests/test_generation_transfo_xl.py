@@ -206,6 +206,17 @@ def test_config_use_cache_is_generates_default_and_is_saved(tmp_path):
     assert isinstance(cached.cache, MemoryCache) and torch.equal(recomputed.sequences, cached.sequences)
 
 
+def test_trainers_use_cache_false_leaves_generation_cached(tmp_path):
+    """transformers' Trainer sets `config.use_cache` (False by default) on every model it trains: as for
+    transformers' own models, the saved generation config keeps generate() on the cache."""
+    model = scrambled_lm()
+    model.config.use_cache = False
+    model.save_pretrained(tmp_path)
+    loaded = TransfoXLLMHeadModel.from_pretrained(tmp_path)
+    assert loaded.config.use_cache is False and loaded.generation_config.use_cache is True
+    assert isinstance(generate(loaded, prompt(), max_new_tokens=2, return_dict_in_generate=True).cache, MemoryCache)
+
+
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_dict_outputs_with_the_cache(num_beams):
     """transformers' test_{greedy,beam_search}_generate_dict_outputs_use_cache: one score, logit row, attention and

@@ -100,10 +100,14 @@ class XLNetModelTester(TransfoXLModelTester):
         self.num_labels = 2  # XLNetForQuestionAnsweringSimple: one start and one end logit per token
 
     def get_config(self):
-        return ours.XLNetConfig(
+        config = ours.XLNetConfig(
             vocab_size=self.vocab_size, d_model=32, n_head=4, d_inner=37, n_layer=2, mem_len=self.mem_len,
             clamp_len=-1, dropout=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=5, num_labels=self.num_labels,
         )  # fmt: skip
+        # transformers' generation tests run their cached paths only where the config has `use_cache`. XLNet's has
+        # none (nor has transformers'): its memory is `use_mems_eval`, on here; XLNet ignores `use_cache`.
+        config.use_cache = True
+        return config
 
     def prepare_config_and_inputs_for_common(self):
         config, inputs = super().prepare_config_and_inputs_for_common()
