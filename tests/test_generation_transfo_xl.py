@@ -257,8 +257,8 @@ def test_generation_continues_from_the_returned_cache():
 
 
 def test_assisted_decoding_dict_outputs_equal_greedys():
-    """transformers' test_assisted_decoding_matches_greedy_search (an assistant accepting every draft, and one
-    accepting none): the same tokens, scores and per-step output shapes as greedy decoding."""
+    """transformers' test_assisted_decoding_matches_greedy_search (an assistant accepting every draft, one accepting
+    none) and test_prompt_lookup_decoding_matches_greedy_search: greedy's tokens, scores and per-step output shapes."""
     model = scrambled_lm()
     ids = prompt(batch=1)
     settings = dict(
@@ -266,10 +266,13 @@ def test_assisted_decoding_dict_outputs_equal_greedys():
         output_attentions=True, output_hidden_states=True,
     )  # fmt: skip
     greedy = generate(model, ids, **settings)
-    for assistant in (model, scrambled_lm(seed=7)):
-        assistant.generation_config.num_assistant_tokens = 2
-        assistant.generation_config.num_assistant_tokens_schedule = "constant"
-        assisted = generate(model, ids, assistant_model=assistant, **settings)
+    for assistant in (model, scrambled_lm(seed=7), None):
+        if assistant is None:
+            assisted = generate(model, ids, prompt_lookup_num_tokens=2, **settings)
+        else:
+            assistant.generation_config.num_assistant_tokens = 2
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            assisted = generate(model, ids, assistant_model=assistant, **settings)
         assert torch.equal(assisted.sequences, greedy.sequences)
         torch.testing.assert_close(torch.stack(assisted.scores), torch.stack(greedy.scores))
         for name in ("attentions", "hidden_states"):
