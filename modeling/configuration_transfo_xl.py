@@ -104,9 +104,9 @@ class TransfoXLConfig(PreTrainedConfig):
         self.ext_len = ext_len
         self.zero_initial_mems = zero_initial_mems
         self.same_length_span = same_length_span
-        # The text-generation pipeline prepends a fixed "XL prefix" paragraph to prompts unless the config has a
-        # `prefix`: ours is empty by default, so that paragraph is opt-in (`pipeline(..., prefix=...)`).
+        # The text-generation pipeline's fixed "XL prefix" paragraph is opt-in (`pipeline(..., prefix=...)`).
         self.prefix = kwargs.pop("prefix", "")
+        self.use_cache = kwargs.pop("use_cache", True)  # generate()'s default: the memory is a cache
         # transformers v5 ties weights only when `tie_word_embeddings` is true; which pairs are tied is decided per
         # model from `tie_weight` and `tie_projs` (see TransfoXLPreTrainedModel), so this is just the master switch.
         # (4.x files may say `tie_word_embeddings: false` instead of `tie_weight`; either one unties the softmax.)

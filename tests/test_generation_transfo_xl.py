@@ -187,6 +187,100 @@ def test_crop_rolls_back_exactly_until_tokens_are_evicted():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# What transformers' generation tests check once a config has `use_cache` (docs/models.md, "transformers' common
+# tests"; they skip every cached test without it)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_config_use_cache_is_generates_default_and_is_saved(tmp_path):
+    """True by default (the memory is a cache); False is kept through save/load (transformers v5 drops undeclared
+    `use_cache` keys) and makes generate() recompute every step and return no cache, as `use_cache=False` does."""
+    assert TransfoXLConfig().use_cache is True
+    model = scrambled_lm(use_cache=False)
+    model.config.save_pretrained(tmp_path)
+    assert TransfoXLConfig.from_pretrained(tmp_path).use_cache is False
+    ids = prompt()
+    recomputed = generate(model, ids, max_new_tokens=4, return_dict_in_generate=True)
+    assert recomputed.cache is None
+    cached = generate(model, ids, max_new_tokens=4, return_dict_in_generate=True, use_cache=True)
+    assert isinstance(cached.cache, MemoryCache) and torch.equal(recomputed.sequences, cached.sequences)
+
+
+def test_trainers_use_cache_false_leaves_generation_cached(tmp_path):
+    """transformers' Trainer sets `config.use_cache` (False by default) on every model it trains: as for
+    transformers' own models, the saved generation config keeps generate() on the cache."""
+    model = scrambled_lm()
+    model.config.use_cache = False
+    model.save_pretrained(tmp_path)
+    loaded = TransfoXLLMHeadModel.from_pretrained(tmp_path)
+    assert loaded.config.use_cache is False and loaded.generation_config.use_cache is True
+    assert isinstance(generate(loaded, prompt(), max_new_tokens=2, return_dict_in_generate=True).cache, MemoryCache)
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_dict_outputs_with_the_cache(num_beams):
+    """transformers' test_{greedy,beam_search}_generate_dict_outputs_use_cache: one score, logit row, attention and
+    hidden-state tuple per step; the cache holds each layer's keys and values of the newest mem_len positions."""
+    model = scrambled_lm(mem_len=8)
+    out = generate(
+        model, prompt(), max_new_tokens=4, num_beams=num_beams, use_cache=True, return_dict_in_generate=True,
+        output_scores=True, output_logits=True, output_attentions=True, output_hidden_states=True,
+    )  # fmt: skip
+    rows, heads, layers = 2 * num_beams, 4, 2
+    assert out.sequences.shape == (2, 10)
+    assert len(out.scores) == len(out.logits) == len(out.attentions) == len(out.hidden_states) == 4
+    assert [a.shape for a in out.attentions[0]] == [(rows, heads, 6, 6)] * layers
+    assert [a.shape for a in out.attentions[3]] == [(rows, heads, 1, 9)] * layers  # 8 remembered + the token
+    assert [h.shape for h in out.hidden_states[3]] == [(rows, 1, 32)] * (layers + 1)
+    assert out.cache.get_seq_length() == 9  # prompt + 3 tokens fed; the last one generated is not fed
+    for layer in out.cache.layers:
+        assert layer.keys.shape == layer.values.shape == (rows, heads, 8, 8)
+
+
+def test_generation_continues_from_the_returned_cache():
+    """transformers' test_generate_continue_from_past_key_values: 3 tokens, then 1 more from the returned cache,
+    equal 4 tokens at once (left padding included)."""
+    model = scrambled_lm()
+    ids = prompt()
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    settings = dict(do_sample=False, use_cache=True, return_dict_in_generate=True, output_scores=True)
+    whole = model.generate(ids, attention_mask=mask, max_new_tokens=4, **settings)
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=3, **settings)
+    mask = torch.nn.functional.pad(mask, (0, 3), value=1)
+    rest = model.generate(first.sequences, attention_mask=mask, cache=first.cache, max_new_tokens=1, **settings)
+    assert torch.equal(rest.sequences, whole.sequences)
+    torch.testing.assert_close(rest.scores[0], whole.scores[-1])
+    for continued, at_once in zip(rest.cache.layers, whole.cache.layers):
+        for name in ("hidden", "keys", "values"):
+            torch.testing.assert_close(getattr(continued, name), getattr(at_once, name))
+
+
+def test_assisted_decoding_dict_outputs_equal_greedys():
+    """transformers' test_assisted_decoding_matches_greedy_search (an assistant accepting every draft, one accepting
+    none) and test_prompt_lookup_decoding_matches_greedy_search: greedy's tokens, scores and per-step output shapes."""
+    model = scrambled_lm()
+    ids = prompt(batch=1)
+    settings = dict(
+        max_new_tokens=4, use_cache=True, return_dict_in_generate=True, output_scores=True, output_logits=True,
+        output_attentions=True, output_hidden_states=True,
+    )  # fmt: skip
+    greedy = generate(model, ids, **settings)
+    for assistant in (model, scrambled_lm(seed=7), None):
+        if assistant is None:
+            assisted = generate(model, ids, prompt_lookup_num_tokens=2, **settings)
+        else:
+            assistant.generation_config.num_assistant_tokens = 2
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            assisted = generate(model, ids, assistant_model=assistant, **settings)
+        assert torch.equal(assisted.sequences, greedy.sequences)
+        torch.testing.assert_close(torch.stack(assisted.scores), torch.stack(greedy.scores))
+        for name in ("attentions", "hidden_states"):
+            shapes = [[[t.shape for t in step] for step in getattr(out, name)] for out in (assisted, greedy)]
+            assert shapes[0] == shapes[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Text that outgrows mem_len (issue 12): generate() equals feeding the text token by token through `mems`
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -50,6 +50,39 @@ def test_greedy_and_beams_match_transformers_and_steps_stay_small(mem_len):
     assert torch.equal(model.generate(prompt, **beams), reference.generate(prompt, **beams))
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_dict_outputs_with_the_cache(num_beams):
+    """transformers' test_{greedy,beam_search}_generate_dict_outputs_use_cache (run with `use_cache` given to the
+    config: XLNet's has none, its memory is `use_mems_eval`): one score, logit row, attention and hidden-state tuple
+    per step, shaped by our scheme (the prompt, then its last two tokens again, and the query stream's next position),
+    and a cache of each layer's keys and values for what transformers' memory holds, less its dummy token."""
+    _, model = scrambled_pair(mem_len=6)
+    out = model.generate(
+        ids(2, 5), max_new_tokens=4, do_sample=False, num_beams=num_beams, pad_token_id=5, use_cache=True,
+        return_dict_in_generate=True, output_scores=True, output_logits=True, output_attentions=True,
+        output_hidden_states=True,
+    )  # fmt: skip
+    rows, heads, layers = 2 * num_beams, 4, 2
+    assert out.sequences.shape == (2, 9)
+    assert len(out.scores) == len(out.logits) == len(out.attentions) == len(out.hidden_states) == 4
+    first_step = [tuple(tuple(probs.shape) for probs in layer) for layer in out.attentions[0]]
+    assert first_step == [((rows, heads, 5, 5), (rows, heads, 1, 5))] * layers  # (content, query stream)
+    assert [tuple(s.shape) for s in out.hidden_states[3]] == [(rows, 2, 32), (rows, 1, 32)] * (layers + 1)
+    assert isinstance(out.cache, MemoryCache)
+    for layer in out.cache.layers:
+        assert layer.keys.shape == layer.values.shape == (rows, heads, 5, 8)  # transformers' 6, less the dummy
+
+
+def test_trainers_use_cache_false_leaves_the_memory_on(tmp_path):
+    """transformers' Trainer sets `config.use_cache` (False by default) on every model: XLNet's memory switch is
+    `use_mems_eval`, which that neither changes nor, saved and loaded again, turns off."""
+    config = XLNetConfig(**TINY)
+    config.use_cache = False
+    assert config.use_mems_eval is True
+    config.save_pretrained(tmp_path)
+    assert XLNetConfig.from_pretrained(tmp_path).use_mems_eval is True
+
+
 def test_sampling_several_sequences_matches_transformers():
     reference, model = scrambled_pair(mem_len=8)
     settings = dict(max_new_tokens=6, do_sample=True, top_p=0.9, num_return_sequences=3, pad_token_id=5)
