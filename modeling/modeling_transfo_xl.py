@@ -133,6 +133,11 @@ class AdaptiveEmbedding(nn.Module):
                 self.emb_layers.append(nn.Embedding(end - start, dim))
                 self.emb_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The head table, which `get_output_embeddings().weight` is when tied: how accelerate's FSDP2 sees the tie."""
+        return self.emb_layers[0].weight
+
     def resize(self, vocab_size: int, resize_table):
         """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table (the whole
         vocabulary's with div_val 1) with `rows` rows, its old rows first."""
@@ -156,6 +161,18 @@ class AdaptiveEmbedding(nn.Module):
         return embeddings * self.emb_scale
 
 
+class SoftmaxLayer(nn.Module):
+    """A cluster's output layer: nn.Linear's parameters and forward, not its class, so that peft's `all-linear` leaves
+    it out as GPT-2's `lm_head` (merging into a layer tied to the input embedding would change that)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features))
+
+    forward = nn.Linear.forward
+
+
 class ProjectedAdaptiveLogSoftmax(nn.Module):
     """Hidden states -> log-probabilities over the vocabulary, or the NLL of targets. The head softmax covers
     `cutoffs[0]` ids and one logit per tail cluster: log p(id in tail i) = log p(cluster i) (head column
@@ -173,28 +190,33 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         self.out_projs = nn.ParameterList()
         if div_val == 1:
             # One output layer sliced per cluster; each cluster may still have its own projection.
-            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            self.out_layers.append(SoftmaxLayer(d_embed, vocab_size))
             for _ in self.bounds:
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)) if d_proj != d_embed else None)
         else:
             for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
-                self.out_layers.append(nn.Linear(dim, end - start))
+                self.out_layers.append(SoftmaxLayer(dim, end - start))
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.out_layers[0].weight
 
     def resize(self, vocab_size: int, resize_layer):
         """Make the last cluster end at `vocab_size`: `resize_layer(layer, rows)` gives the last output layer (the
         whole vocabulary's with div_val 1) with `rows` output rows, its old rows first. The head softmax, which
         scores the head ids and one logit per tail cluster, is unchanged (unless the head is the only cluster)."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
-        self.out_layers[-1] = resize_layer(self.out_layers[-1], vocab_size - first_id)
+        layer = self.out_layers[-1]
+        layer.weight, layer.bias = resize_layer(layer, vocab_size - first_id).parameters()
         self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
         self.head_size = self.bounds[0][1] + len(self.bounds) - 1
 
     def _clusters(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """(weight, bias) of every cluster, head first; None for output layers that are not plain float `nn.Linear`
-        (quantized or replaced: called, not read). div_val 1 splits the one layer (a slice's gradient would be a
+        """(weight, bias) of every cluster, head first; None for quantized or replaced output layers (called, not
+        read). div_val 1 splits the one layer (a slice's gradient would be a
         zero-filled full-vocabulary tensor per cluster)."""
-        if any(type(layer) is not nn.Linear or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
+        if any(type(layer) is not SoftmaxLayer or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
             return None
         if self.div_val == 1:
             sizes = [end - start for start, end in self.bounds]
@@ -569,7 +591,7 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
             else:
                 init.normal_(tensor, 0.0, config.init_std)
 
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, SoftmaxLayer)):
             init_weight(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -1000,10 +1022,9 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         )
 
     def get_output_embeddings(self):
-        """The head softmax's output layer (the whole vocabulary's with div_val 1; tied to the input embedding with
-        `tie_weight`), which tools leave out as they leave out GPT-2's `lm_head`: peft's `all-linear` (merging an
-        adapter into it would change the tied embedding too); not the tail clusters' layers (div_val > 1)."""
-        return self.crit.out_layers[0]
+        """The adaptive softmax, holding every tensor tied to the input embedding (accelerate's FSDP2 shards both as
+        one unit when their `.weight`s, the head tables, are one)."""
+        return self.crit
 
     def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
         """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
