@@ -167,8 +167,7 @@ class SoftmaxLayer(nn.Module):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features))
+        self.weight, self.bias = nn.Linear(in_features, out_features).parameters()
 
     forward = nn.Linear.forward
 
@@ -207,8 +206,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         whole vocabulary's with div_val 1) with `rows` output rows, its old rows first. The head softmax, which
         scores the head ids and one logit per tail cluster, is unchanged (unless the head is the only cluster)."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
-        layer = self.out_layers[-1]
-        layer.weight, layer.bias = resize_layer(layer, vocab_size - first_id).parameters()
+        layer, linear = self.out_layers[-1], nn.Linear(1, 1, device="meta")  # (transformers resizes nn.Linear only)
+        linear.weight, linear.bias = layer.weight, layer.bias
+        layer.weight, layer.bias = resize_layer(linear, vocab_size - first_id).parameters()
         self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
         self.head_size = self.bounds[0][1] + len(self.bounds) - 1
 
