@@ -135,12 +135,11 @@ class AdaptiveEmbedding(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The head table, which `get_output_embeddings().weight` is when tied: how accelerate's FSDP2 sees the tie."""
         return self.emb_layers[0].weight
 
     def resize(self, vocab_size: int, resize_table):
-        """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table (the whole
-        vocabulary's with div_val 1) with `rows` rows, its old rows first."""
+        """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table with `rows`
+        rows, its old rows first."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
         self.emb_layers[-1] = resize_table(self.emb_layers[-1], vocab_size - first_id)
         self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
@@ -162,8 +161,7 @@ class AdaptiveEmbedding(nn.Module):
 
 
 class SoftmaxLayer(nn.Module):
-    """A cluster's output layer: nn.Linear's parameters and forward, not its class, so that peft's `all-linear` leaves
-    it out as GPT-2's `lm_head` (merging into a layer tied to the input embedding would change that)."""
+    """nn.Linear but its class, which peft's `all-linear` would adapt (and merge into the tied embedding)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -202,20 +200,18 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return self.out_layers[0].weight
 
     def resize(self, vocab_size: int, resize_layer):
-        """Make the last cluster end at `vocab_size`: `resize_layer(layer, rows)` gives the last output layer (the
-        whole vocabulary's with div_val 1) with `rows` output rows, its old rows first. The head softmax, which
-        scores the head ids and one logit per tail cluster, is unchanged (unless the head is the only cluster)."""
+        """As AdaptiveEmbedding.resize: `resize_layer(linear, rows)`, the last layer as an nn.Linear. The head
+        softmax is unchanged (unless the head is the only cluster)."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
-        layer, linear = self.out_layers[-1], nn.Linear(1, 1, device="meta")  # (transformers resizes nn.Linear only)
+        layer, linear = self.out_layers[-1], nn.Linear(1, 1, device="meta")
         linear.weight, linear.bias = layer.weight, layer.bias
         layer.weight, layer.bias = resize_layer(linear, vocab_size - first_id).parameters()
         self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
         self.head_size = self.bounds[0][1] + len(self.bounds) - 1
 
     def _clusters(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """(weight, bias) of every cluster, head first; None for quantized or replaced output layers (called, not
-        read). div_val 1 splits the one layer (a slice's gradient would be a
-        zero-filled full-vocabulary tensor per cluster)."""
+        """(weight, bias) of every cluster, head first; None for quantized or replaced layers (called, not read).
+        div_val 1 splits the one layer (a slice's gradient would be a full-vocabulary tensor per cluster)."""
         if any(type(layer) is not SoftmaxLayer or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
             return None
         if self.div_val == 1:
@@ -552,9 +548,8 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
         return False
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
-        """Resize the vocabulary at its end, the last adaptive cluster (e.g. for special tokens): the cutoffs, other
-        clusters and their log-probabilities stay. That cluster's embedding (and softmax) rows change at its end; new
-        rows start as transformers starts them (`mean_resizing`), tied weights stay tied. Shrinking keeps >= 1 id."""
+        """Resize the vocabulary at its end, the last adaptive cluster (e.g. for special tokens); the other clusters
+        stay. New rows start as transformers starts them (`mean_resizing`); ties stay. Shrinking keeps >= 1 id."""
         embedding = self.get_input_embeddings()
         if new_num_tokens is None and pad_to_multiple_of is None:
             return embedding
@@ -903,8 +898,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
 
 def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) -> dict[str, str]:
-    """{target: source} regexes: softmax layers tied to the embedding tables (`tie_weight`) and projections tied
-    to the embedding projections (`tie_projs[i]`; with div_val 1 every cluster shares `emb_projs.0`)."""
+    """{target: source} regexes: softmax layers tied to the embedding tables (`tie_weight`), projections to theirs
+    (`tie_projs[i]`; with div_val 1 every cluster shares `emb_projs.0`)."""
     ties = {}
     if config.tie_weight:
         for i in range(len(crit.out_layers)):
@@ -1022,13 +1017,12 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         )
 
     def get_output_embeddings(self):
-        """The adaptive softmax, holding every tensor tied to the input embedding (accelerate's FSDP2 shards both as
-        one unit when their `.weight`s, the head tables, are one)."""
+        """The adaptive softmax: accelerate's FSDP2 shards it with the input embedding when their `.weight`s are one."""
         return self.crit
 
     def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
-        """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
-        (new ids start at 0, as `_init_weights` starts it) and sampler."""
+        """The adaptive softmax's last cluster, and with a sampled softmax its per-id output bias (new ids at 0) and
+        sampler."""
         self.crit.resize(
             vocab_size, lambda layer, rows: self._get_resized_lm_head(layer, rows, mean_resizing=mean_resizing)
         )

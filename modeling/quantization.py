@@ -1,10 +1,8 @@
 """int8 quantization of both models for CPU inference, every projection and output layer included.
 
-The models call their linear layers as modules (`self.qkv_net(x)`, XLNet's `self.q(x)`), so torchao's
-`quantize_(model, config)` alone quantizes every projection and feed-forward layer; the adaptive softmax's output
-layers (`SoftmaxLayer`, not nn.Linear, so that peft's `all-linear` leaves them out) are named by the filter below.
-torchao is an optional dependency (the `torchao` extra): its wheels log failures to load their CUDA extensions and
-deprecation warnings when imported beside a CPU build of torch, and transformers imports it whenever it is installed.
+The models call their linear layers as modules (`self.qkv_net(x)`), so torchao's `quantize_(model, config)` alone
+quantizes every projection; the adaptive softmax's layers (not nn.Linear, for peft) are named by the filter below.
+torchao is an optional dependency (the `torchao` extra); transformers imports it whenever it is installed.
 
 What stays in float: the input embeddings (a lookup, not a product), the adaptive softmax's cluster logits (one row
 per tail cluster) and its projections when d_embed differs from d_model (parameters, shared with the input side).
