@@ -200,7 +200,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return self.out_layers[0].weight
 
     def resize(self, vocab_size: int, resize_layer):
-        """As AdaptiveEmbedding.resize: `resize_layer(linear, rows)`, the last layer as an nn.Linear. The head
+        """As AdaptiveEmbedding.resize: `resize_layer(linear, rows)`, the last as an nn.Linear. The head
         softmax is unchanged (unless the head is the only cluster)."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
         layer, linear = self.out_layers[-1], nn.Linear(1, 1, device="meta")
