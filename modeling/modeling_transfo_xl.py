@@ -119,9 +119,13 @@ class AdaptiveEmbedding(nn.Module):
                 self.emb_layers.append(nn.Embedding(end - start, dim))
                 self.emb_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
 
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.emb_layers[0].weight
+
     def resize(self, vocab_size: int, resize_table):
-        """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table (the whole
-        vocabulary's with div_val 1) with `rows` rows, its old rows first."""
+        """Make the last cluster end at `vocab_size`: `resize_table(table, rows)` gives the last table with `rows`
+        rows, its old rows first."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
         self.emb_layers[-1] = resize_table(self.emb_layers[-1], vocab_size - first_id)
         self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
@@ -142,6 +146,16 @@ class AdaptiveEmbedding(nn.Module):
         return embeddings * self.emb_scale
 
 
+class SoftmaxLayer(nn.Module):
+    """nn.Linear but its class, which peft's `all-linear` would adapt (and merge into the tied embedding)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight, self.bias = nn.Linear(in_features, out_features).parameters()
+
+    forward = nn.Linear.forward
+
+
 class ProjectedAdaptiveLogSoftmax(nn.Module):
     """Hidden states -> log-probabilities over the vocabulary, or the NLL of targets. The head softmax covers
     `cutoffs[0]` ids and one logit per tail cluster: log p(id in tail i) = log p(cluster i) (head column
@@ -159,28 +173,32 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         self.out_projs = nn.ParameterList()
         if div_val == 1:
             # One output layer sliced per cluster; each cluster may still have its own projection.
-            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            self.out_layers.append(SoftmaxLayer(d_embed, vocab_size))
             for _ in self.bounds:
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)) if d_proj != d_embed else None)
         else:
             for (start, end), dim in zip(self.bounds, cluster_dims(d_embed, div_val, len(self.bounds))):
-                self.out_layers.append(nn.Linear(dim, end - start))
+                self.out_layers.append(SoftmaxLayer(dim, end - start))
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, dim)))
 
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.out_layers[0].weight
+
     def resize(self, vocab_size: int, resize_layer):
-        """Make the last cluster end at `vocab_size`: `resize_layer(layer, rows)` gives the last output layer (the
-        whole vocabulary's with div_val 1) with `rows` output rows, its old rows first. The head softmax, which
-        scores the head ids and one logit per tail cluster, is unchanged (unless the head is the only cluster)."""
+        """As AdaptiveEmbedding.resize: `resize_layer(linear, rows)`, the last as an nn.Linear. The head
+        softmax is unchanged (unless the head is the only cluster)."""
         first_id = self.bounds[-1][0] if self.div_val > 1 else 0
-        self.out_layers[-1] = resize_layer(self.out_layers[-1], vocab_size - first_id)
+        layer, linear = self.out_layers[-1], nn.Linear(1, 1, device="meta")
+        linear.weight, linear.bias = layer.weight, layer.bias
+        layer.weight, layer.bias = resize_layer(linear, vocab_size - first_id).parameters()
         self.vocab_size, self.bounds = vocab_size, resized_bounds(self.bounds, vocab_size)
         self.head_size = self.bounds[0][1] + len(self.bounds) - 1
 
     def _clusters(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """(weight, bias) of every cluster, head first; None for output layers that are not plain float `nn.Linear`
-        (quantized or replaced: called, not read). div_val 1 splits the one layer (a slice's gradient would be a
-        zero-filled full-vocabulary tensor per cluster)."""
-        if any(type(layer) is not nn.Linear or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
+        """(weight, bias) of every cluster, head first; None for quantized or replaced layers (called, not read).
+        div_val 1 splits the one layer (a slice's gradient would be a full-vocabulary tensor per cluster)."""
+        if any(type(layer) is not SoftmaxLayer or type(layer.weight) is not nn.Parameter for layer in self.out_layers):
             return None
         if self.div_val == 1:
             sizes = [end - start for start, end in self.bounds]
@@ -488,9 +506,8 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
         return False
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
-        """Resize the vocabulary at its end, the last adaptive cluster (e.g. for special tokens): the cutoffs, other
-        clusters and their log-probabilities stay. That cluster's embedding (and softmax) rows change at its end; new
-        rows start as transformers starts them (`mean_resizing`), tied weights stay tied. Shrinking keeps >= 1 id."""
+        """Resize the vocabulary at its end, the last adaptive cluster (e.g. for special tokens); the other clusters
+        stay. New rows start as transformers starts them (`mean_resizing`); ties stay. Shrinking keeps >= 1 id."""
         embedding = self.get_input_embeddings()
         if new_num_tokens is None and pad_to_multiple_of is None:
             return embedding
@@ -527,7 +544,7 @@ class TransfoXLPreTrainedModel(PreTrainedModel):
             else:
                 init.normal_(tensor, 0.0, config.init_std)
 
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, SoftmaxLayer)):
             init_weight(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -814,8 +831,8 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
 
 def _tied_weights(config: TransfoXLConfig, crit: ProjectedAdaptiveLogSoftmax) -> dict[str, str]:
-    """{target: source} regexes: softmax layers tied to the embedding tables (`tie_weight`) and projections tied
-    to the embedding projections (`tie_projs[i]`; with div_val 1 every cluster shares `emb_projs.0`)."""
+    """{target: source} regexes: softmax layers tied to the embedding tables (`tie_weight`), projections to theirs
+    (`tie_projs[i]`; with div_val 1 every cluster shares `emb_projs.0`)."""
     ties = {}
     if config.tie_weight:
         for i in range(len(crit.out_layers)):
@@ -911,14 +928,12 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
         )  # fmt: skip
 
     def get_output_embeddings(self):
-        """The head softmax's output layer (the whole vocabulary's with div_val 1; tied to the input embedding with
-        `tie_weight`), which tools leave out as they leave out GPT-2's `lm_head`: peft's `all-linear` (merging an
-        adapter into it would change the tied embedding too); not the tail clusters' layers (div_val > 1)."""
-        return self.crit.out_layers[0]
+        """The adaptive softmax: accelerate's FSDP2 shards it with the input embedding when their `.weight`s are one."""
+        return self.crit
 
     def _resize_output_layers(self, vocab_size: int, mean_resizing: bool):
-        """The adaptive softmax's last cluster (weights and biases), and with a sampled softmax its per-id output bias
-        (new ids start at 0, as `_init_weights` starts it) and sampler."""
+        """The adaptive softmax's last cluster, and with a sampled softmax its per-id output bias (new ids at 0) and
+        sampler."""
         self.crit.resize(
             vocab_size, lambda layer, rows: self._get_resized_lm_head(layer, rows, mean_resizing=mean_resizing)
         )

@@ -1,10 +1,8 @@
 """int8 quantization of both models for CPU inference, every projection and output layer included.
 
-The models call their linear layers as modules (`self.qkv_net(x)`, XLNet's `self.q(x)`), so tools that quantize
-`nn.Linear` layers reach all of them: torchao's `quantize_(model, config)` alone quantizes every projection,
-feed-forward layer and output layer (of the adaptive softmax).
-torchao is an optional dependency (the `torchao` extra): its wheels log failures to load their CUDA extensions and
-deprecation warnings when imported beside a CPU build of torch, and transformers imports it whenever it is installed.
+The models call their linear layers as modules (`self.qkv_net(x)`), so torchao's `quantize_(model, config)` alone
+quantizes every projection; the adaptive softmax's layers (not nn.Linear, for peft) are named by the filter below.
+torchao is an optional dependency (the `torchao` extra); transformers imports it whenever it is installed.
 
 What stays in float: the input embeddings (a lookup, not a product), the adaptive softmax's cluster logits (one row
 per tail cluster) and its projections when d_embed differs from d_model (parameters, shared with the input side).
@@ -13,6 +11,8 @@ per tail cluster) and its projections when d_embed differs from d_model (paramet
 import copy
 
 from torch import nn
+
+from .modeling_transfo_xl import SoftmaxLayer
 
 TORCHAO_MISSING = 'int8 quantization needs torchao, which is not installed: pip install "transformers-xl[torchao]"'
 
@@ -28,5 +28,6 @@ def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
         raise ImportError(TORCHAO_MISSING) from None
     quantized = copy.deepcopy(model)
     # (set_inductor_config=False: torchao would otherwise change torch.compile's settings for the whole process)
-    quantize_(quantized, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
+    layers = lambda module, _: isinstance(module, (nn.Linear, SoftmaxLayer))  # noqa: E731
+    quantize_(quantized, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False), filter_fn=layers)
     return quantized

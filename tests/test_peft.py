@@ -183,11 +183,14 @@ def test_xlnet_target_parameters_reach_the_projection_weights():
         torch.testing.assert_close(model.merge_and_unload()(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
 
 
-def test_all_linear_leaves_the_tied_softmax_out_and_merging_keeps_the_embedding():
-    """`target_modules="all-linear"` adapts every linear layer but the softmax's, tied to the input embedding (as
-    peft leaves out GPT-2's lm_head): merging then changes no embedding and equals the adapted model."""
-    base = tiny_transfo_xl(div_val=1, tie_weight=True)
-    embedding = base.transformer.word_emb.emb_layers[0].weight.detach().clone()
+@pytest.mark.parametrize("div_val, tie_weight, tie_projs", [(1, True, [False, False]), (2, True, [False, True]),
+                                                          (2, False, [False, False])])  # fmt: skip
+def test_all_linear_leaves_the_softmax_out_and_merging_keeps_the_embedding(div_val, tie_weight, tie_projs):
+    """`target_modules="all-linear"` adapts every linear layer but the adaptive softmax's, every cluster's (tied to
+    the input embedding, as peft leaves out GPT-2's lm_head; with div_val > 1 the tail clusters' too): merging then
+    changes no embedding, ties stay, and the merged model equals the adapted one. Naming one is refused."""
+    base = tiny_transfo_xl(div_val=div_val, tie_weight=tie_weight, tie_projs=tie_projs)
+    embedding = {k: v.clone() for k, v in base.transformer.word_emb.state_dict().items()}
     model = lora(base, "all-linear")
     assert adapted_modules(model) and not any(".crit." in name for name in adapted_modules(model))
     inputs = ids()
@@ -195,5 +198,9 @@ def test_all_linear_leaves_the_tied_softmax_out_and_merging_keeps_the_embedding(
         adapted = model(inputs).logits
         merged = model.merge_and_unload()
         torch.testing.assert_close(merged(inputs).logits, adapted, atol=1e-5, rtol=1e-5)
-    assert torch.equal(merged.transformer.word_emb.emb_layers[0].weight, embedding)
-    assert merged.crit.out_layers[0].weight is merged.transformer.word_emb.emb_layers[0].weight
+    for name, tensor in merged.transformer.word_emb.state_dict().items():
+        assert torch.equal(tensor, embedding[name]), name
+    for i, layer in enumerate(merged.crit.out_layers):
+        assert (layer.weight is merged.transformer.word_emb.emb_layers[i].weight) == tie_weight
+    with pytest.raises(ValueError, match="SoftmaxLayer"):
+        lora(tiny_transfo_xl(div_val=div_val), ["crit.out_layers.0"])

@@ -56,7 +56,7 @@ def test_fsdp_two_processes_train_as_one(tmp_path):
     classes from the model's `_no_split_modules` (`:accelerate`), on accelerate's FSDP state (set by the script: on
     CPU accelerate itself picks DDP). The one-process reference runs meanwhile."""
     script = Path(__file__).with_name("two_process_fsdp.py")
-    specs = ["transfo-xl:layers", "xlnet:layers", "xlnet:accelerate"]
+    specs = ["transfo-xl:layers", "transfo-xl:accelerate", "xlnet:layers", "xlnet:accelerate"]
     fsdp = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"]
     with subprocess.Popen([sys.executable, str(script), str(tmp_path / "one"), *FSDP_LAYERS],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as one:  # fmt: skip

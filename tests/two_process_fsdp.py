@@ -42,9 +42,12 @@ ROWS, SEQ_LEN, MEM_LEN = 4, 8, 8
 def build(name):
     torch.manual_seed(0)
     if name == "transfo-xl":
+        # Adaptive clusters, each softmax layer tied to its embedding table and the tail projections tied too (as
+        # wt103's): FSDP must see every tie (accelerate's path finds them through `.weight` of the two embeddings).
         config = TransfoXLConfig(
-            vocab_size=TOKENS, cutoffs=[], adaptive=False, div_val=1, d_model=16, d_embed=16, n_head=2, d_head=8,
-            d_inner=32, n_layer=2, mem_len=MEM_LEN, clamp_len=-1, same_length=False, dropout=0.0, dropatt=0.0,
+            vocab_size=TOKENS, cutoffs=[40, 80], div_val=2, tie_projs=[False, True, True], d_model=16, d_embed=16,
+            n_head=2, d_head=8, d_inner=32, n_layer=2, mem_len=MEM_LEN, clamp_len=-1, same_length=False, dropout=0.0,
+            dropatt=0.0,
         )  # fmt: skip
         return TransfoXLLMHeadModel(config)
     xlnet = {"vocab_size": TOKENS, "d_model": 16, "n_head": 2, "d_inner": 32, "n_layer": 2, "mem_len": MEM_LEN,
