@@ -68,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -180,7 +181,7 @@ def recipe_cases() -> list[Case]:
         Case("xlnet-large classification", "xlnet", xlnet["xlnet-large"], batch=2, task="classification",
              cuda_batch=16),
         Case("xlnet-large permutation LM", "xlnet", xlnet["xlnet-large"], batch=1, task="plm", num_predict=85,
-             cuda_batch=4),
+             cuda_batch=8),
     ]  # fmt: skip
 
 
@@ -574,8 +575,8 @@ def ideal_forward_flops(case: Case) -> float:
     queries = q + case.num_predict
     distances = k + q if case.model == "xlnet" else k
     d, inner, heads = c["d_model"], c["d_inner"], c["n_head"] * c.get("d_head", c["d_model"] // c["n_head"])
-    layer = 4 * b * queries * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads + 6 * b * queries * k * heads
-    layer += 4 * b * queries * d * inner
+    layer = 4 * b * queries * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads
+    layer += 6 * b * queries * k * heads + 4 * b * queries * d * inner
     vocab = c["vocab_size"]
     if case.task == "classification":
         head = 2 * b * d * (d + c["num_labels"])
@@ -646,12 +647,13 @@ def reference_worker(run: Run, case: Case, folder: Path):
     return run.worker(folder, "legacy", python) if python else None
 
 
-def measure_throughput(run: Run, case: Case, folder: Path):
+def measure_throughput(run: Run, case: Case, folder: Path, memory: bool = False):
     """Parity, then evaluation / training / training step, ours and the reference alternating, each side in a
     worker process of its own: in one process the sides would share one heap, and each side's speed would depend
     on what the other's calls left in it (glibc's thresholds move with the blocks freed; transformers 5's XLNet
     measured 257 to 349 training tokens/s from run to run beside ours). A side that fails (out of memory, say)
-    fails the case's remaining rows with its error, the other side's are not measured, and the run goes on."""
+    fails the case's remaining rows with its error, the other side's are not measured, and the run goes on. With
+    `memory`, the memory workload is then measured in the same workers (`memory_in_timing_workers`)."""
     model, tokens = MODEL_NAMES[case.model], case.batch * case.length
     ours, reference = run.worker(folder, "ours"), reference_worker(run, case, folder)
     sides = {name: side for name, side in (("ours", ours), (case.reference_name, reference)) if side is not None}
@@ -698,12 +700,24 @@ def measure_throughput(run: Run, case: Case, folder: Path):
             extra["nvidia_a100_tokens_per_second"] = case.nvidia_a100
         run.add("throughput", case.name, model, label, "s", values, **extra)
         print_row(run.rows[-1])
+    if memory:
+        measure_memory(run, case, folder, open_workers=sides)
     for side in sides.values():
         side.close()
 
 
-def measure_memory(run: Run, case: Case, folder: Path):
-    """Peak memory of a training step, each side in a fresh worker."""
+def memory_in_timing_workers(args, workloads) -> bool:
+    """Whether the memory workload asks the throughput's workers rather than fresh ones: on CUDA, where the allocator's
+    peak counts the step's tensors whatever the process did before (and a fresh worker per side and case would cost
+    the GPU session minutes), and with --quick, a smoke test (where a worker's start is most of the time); on CPU a
+    fresh process with `MALLOC_ENV` is what makes its resident size a measure."""
+    cuda = torch.device(args.device).type == "cuda"
+    return "throughput" in workloads and "memory" in workloads and (cuda or args.quick)
+
+
+def measure_memory(run: Run, case: Case, folder: Path, open_workers: dict | None = None):
+    """Peak memory of a training step, each side in a fresh worker or, given `open_workers` ({side: worker}: the
+    throughput's, see `memory_in_timing_workers`), in those."""
     sides, attention = {}, {}
     legacy = legacy_python(run.args.legacy_python)
     for name, implementation, python in (
@@ -713,8 +727,10 @@ def measure_memory(run: Run, case: Case, folder: Path):
         if implementation == "legacy" and not python:
             sides[name] = None
             continue
+        opened = (open_workers or {}).get(name)
         try:
-            with run.worker(folder, implementation, python, env=MALLOC_ENV) as worker:
+            context = nullcontext(opened) if opened else run.worker(folder, implementation, python, env=MALLOC_ENV)
+            with context as worker:
                 attention[name] = worker.ask({"op": "describe"})["attn_implementation"]
                 sides[name] = [worker.ask({"op": "peak_memory"})["bytes"]]
         except WorkerError as error:
@@ -1064,7 +1080,7 @@ def markdown(run: Run) -> str:
         if not rows:
             continue
         if section == "throughput" and a100:
-            header = [*header, "ours / NVIDIA 1 x A100 (published, mixed precision)"]
+            header = [*header, "ours / NVIDIA 1 x A100 (published, mixed precision; a GPU's comparison)"]
         lines += ["", f"**{title.format(precision=precision)}**", "", "| " + " | ".join(header) + " |",
                   "|" + "---|" * len(header)]  # fmt: skip
         for row in rows:
@@ -1186,12 +1202,13 @@ def measure(run: Run, workloads: list[str]):
     cases = chosen_cases(args.configs, args.quick)
     if torch.device(args.device).type == "cuda":
         cases = [replace(case, batch=case.cuda_batch or case.batch) for case in cases]
+    shared = memory_in_timing_workers(args, workloads)
     for index, case in enumerate(cases):
         folder = run.workdir / f"{index}-{case.model}"
         write_case_folder(case, folder)
         if "throughput" in workloads:
-            measure_throughput(run, case, folder)
-        if "memory" in workloads:
+            measure_throughput(run, case, folder, memory=shared)
+        if "memory" in workloads and not shared:
             measure_memory(run, case, folder)
         first_of_model = case is next(c for c in cases if c.model == case.model)
         if "bf16" in workloads and first_of_model:
@@ -1200,6 +1217,8 @@ def measure(run: Run, workloads: list[str]):
             measure_variants(run, case, folder, "compiled")
         if "stream" in workloads and case.model == "transfo-xl" and first_of_model:
             measure_stream(run, case, folder)
+        shutil.rmtree(folder)  # (the recipes' weights: up to 1.3 GB a case)
+        write_results(run, Path(args.output), finished=False)
     if "deploy" in workloads:
         for index, case in enumerate(deploy_cases(args.quick)):
             folder = run.workdir / f"deploy-{index}-{case.model}"
@@ -1218,8 +1237,9 @@ def measure(run: Run, workloads: list[str]):
         measure_peak(run, "end")
 
 
-def write_results(run: Run, output: Path):
-    """DIR/results.json and DIR/results.md, each written whole under a temporary name and then renamed."""
+def write_results(run: Run, output: Path, finished: bool = True):
+    """DIR/results.json and DIR/results.md, each written whole under a temporary name and then renamed: after every
+    case (`finished` false: what a run stopped by a time limit, as on a lent GPU, leaves), and at the end."""
     args = run.args
     output.mkdir(parents=True, exist_ok=True)
     results = {
@@ -1240,13 +1260,16 @@ def write_results(run: Run, output: Path):
         "gemv_measurements": run.gemv_measurements,
         "worker_env": KEEP_FREED_MEMORY_ENV if args.keep_freed_memory else {},
         "rows": run.rows,
+        "finished": finished,
     }
-    for name, text in (("results.json", json.dumps(results, indent=1)), ("results.md", markdown(run))):
+    table = markdown(run) if finished else f"(the run had not finished: the cases measured so far)\n\n{markdown(run)}"
+    for name, text in (("results.json", json.dumps(results, indent=1)), ("results.md", table)):
         partial = output / f".{name}.partial"
         partial.write_text(text)
         partial.replace(output / name)
-    print(f"\nwrote {output / 'results.json'} and {output / 'results.md'}\n")
-    print(markdown(run))
+    if finished:
+        print(f"\nwrote {output / 'results.json'} and {output / 'results.md'}\n")
+        print(table)
 
 
 if __name__ == "__main__":
