@@ -734,7 +734,7 @@ def measure_memory(run: Run, case: Case, folder: Path, open_workers: dict | None
                 attention[name] = worker.ask({"op": "describe"})["attn_implementation"]
                 sides[name] = [worker.ask({"op": "peak_memory"})["bytes"]]
         except WorkerError as error:
-            sides[name] = str(error)
+            sides[name] = f"{error}".splitlines()[0][:300]  # (a table cell's line)
     run.add("memory", case.name, MODEL_NAMES[case.model], "training step, peak above the trained model", "bytes", sides,
             attn_implementation=attention)  # fmt: skip
     print_row(run.rows[-1])
