@@ -2,6 +2,7 @@
 
     python benchmarks/run.py [--legacy-python PYTHON] [--output DIR] [--configs ...] [--workloads ...]
     python benchmarks/run.py --device cuda [--attn-implementation sdpa|eager|flex_attention] ...
+    python benchmarks/run.py --configs recipes [--device cuda --autocast bf16]   # the papers' sizes
     python benchmarks/run.py --quick        # tiny sizes, under a minute: a smoke test of the whole command
     python benchmarks/run.py --keep-freed-memory ...   # both sides timed with glibc keeping freed memory
 
@@ -22,7 +23,8 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
 - `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`), training forward +
   backward (labels, gradients), and a full training step (forward, backward, AdamW step, zero_grad), tokens/s; the
   evaluation's fraction of the device's fp32 matmul peak on ideal FLOPs (see `ideal_forward_flops`);
-- `memory`: peak memory of a training step, both sides (see `devices.peak_memory`);
+- `memory`: peak memory of a training step, both sides (see `devices.peak_memory`): on CPU each in a fresh worker,
+  on CUDA and with --quick in the throughput's workers where both workloads run (`memory_in_timing_workers`);
 - `bf16`: ours under bf16 autocast against ours in fp32 (evaluation and training);
 - `compile`: `torch.compile(model)` against eager, ours, evaluation and training forward + backward; failures are
   reported, with their error, instead of stopping the run (the first configuration only);
@@ -48,15 +50,21 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
 
 Configurations: `issue` (d_model 512, 6 layers, 8 heads, d_inner 2048, vocabulary 32000, batch 4 x 512 tokens,
 memory 512; Transformer-XL cutoffs [4000, 12000], div_val 1), `wt103` (transfo-xl-wt103's shapes, 2 of its 18
-layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers); dropout 0 everywhere, so both sides
-compute the same thing in training mode. `--quick` uses one tiny configuration per model.
+layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers), the default; `recipes`, the papers' real
+sizes (`recipe_cases`: Transformer-XL WikiText-103 base and large, enwik8 12 layers, XLNet-base and -large as
+sequence classifiers and permutation LMs; a batch per case that fits CPU memory, the recipes' on CUDA; throughput and
+memory by default; NVIDIA's published one-A100 training figures beside ours where the recipe matches). Dropout 0
+everywhere, so both sides compute the same thing in training mode. `--quick` uses one tiny configuration per model
+(with `recipes`, tiny stand-ins of some recipes, `QUICK_RECIPES`). `--autocast bf16` runs every side's evaluation
+and training under bf16 autocast (throughput and memory only); `benchmarks/gpu_session.sh` is a GPU session's one
+command.
 
 Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
 `--rounds` rounds (default 5) that alternate the sides (A, B, B, A, ...); each side's min and median, and ratios of
 the medians.
 2 threads by default (`--threads`, for this process and every worker: the only place the benchmarks set torch's
-thread count). Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows); default
-DIR: benchmark-results.
+thread count). Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows), after every
+case and at the end (`finished`); default DIR: benchmark-results.
 """
 
 import argparse
