@@ -557,9 +557,10 @@ def write_case_folder(case: Case, folder: Path):
     generator = torch.Generator().manual_seed(0)
     first, second = torch.randint(0, case.config["vocab_size"], (2, case.batch, case.length), generator=generator)
     inputs = {"input_ids": second, "labels": second, "mems": []}
-    if case.memory_length:
+    if case.memory_length:  # (the base model's: the output layer's logits, up to GBs at the recipes' sizes, unmade)
         with torch.inference_mode():
-            inputs["mems"] = list(model(first, **({"use_mems": True} if case.model == "xlnet" else {})).mems)
+            body = model.transformer(first, **({"use_mems": True} if case.model == "xlnet" else {}))
+        inputs["mems"] = list(body.mems)
     if case.task == "classification":
         inputs["labels"] = torch.randint(0, model.config.num_labels, (case.batch,), generator=generator)
     if case.task == "plm":
