@@ -119,6 +119,7 @@ class Case:
     num_predict: int = 0  # (plm)
     cuda_batch: int | None = None  # the batch on --device cuda, where it differs
     nvidia_a100: int | None = None  # NVIDIA's published training tokens/s of this recipe on one A100 (see recipe_cases)
+    zipf: bool = False  # tokens drawn by Zipf's law over the ids (a vocabulary sorted by frequency), else uniformly
 
     @property
     def memory_length(self) -> int:
@@ -164,7 +165,8 @@ def recipe_cases() -> list[Case]:
     the adaptive softmax over 267,735 words (cutoffs [20000, 40000, 200000]); enwik8 with 12 layers (the `enwik8`
     recipe's model at its base size: d_model 512, 8 heads, d_inner 2048, 512 + 512, 204 characters); XLNet-base and
     XLNet-large (xlnet-base-cased's and xlnet-large-cased's shapes, sequence 512) fine-tuned as sequence classifiers
-    and in the permutation LM (85 targets). Dropout 0, so both sides compute the same thing in training mode.
+    and in the permutation LM (85 targets). Dropout 0, so both sides compute the same thing in training mode. The
+    word-level tokens follow Zipf's law (`random_tokens`), as the adaptive softmax meets them in the corpus.
     `batch` fits ours and the reference (both held at once) in 24 GiB of CPU memory, fp32 with AdamW's state;
     `cuda_batch` is the recipes' (NVIDIA's per-GPU batch for WikiText-103, the paper's 22 for enwik8) or, for XLNet,
     what fits both sides in an H200's memory."""
@@ -179,9 +181,9 @@ def recipe_cases() -> list[Case]:
     xlnet = {name: hub_shape(f"{name}-cased", num_labels=2) for name in ("xlnet-base", "xlnet-large")}
     return [
         Case("wt103 base", "transfo-xl", transfo_xl("wt103", 192, **base), batch=4, length=192, cuda_batch=32,
-             nvidia_a100=NVIDIA_A100["wt103 base"]),
+             nvidia_a100=NVIDIA_A100["wt103 base"], zipf=True),
         Case("wt103 large", "transfo-xl", transfo_xl("wt103", 384), batch=1, length=384, cuda_batch=16,
-             nvidia_a100=NVIDIA_A100["wt103 large"]),
+             nvidia_a100=NVIDIA_A100["wt103 large"], zipf=True),
         Case("enwik8 12 layers", "transfo-xl", transfo_xl("enwik8", 512, **enwik8), batch=8, length=512, cuda_batch=22),
         Case("xlnet-base classification", "xlnet", xlnet["xlnet-base"], batch=8, task="classification", cuda_batch=32),
         Case("xlnet-base permutation LM", "xlnet", xlnet["xlnet-base"], batch=2, task="plm", num_predict=85,
@@ -555,7 +557,7 @@ def write_case_folder(case: Case, folder: Path):
     model.config.save_pretrained(folder)
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
     generator = torch.Generator().manual_seed(0)
-    first, second = torch.randint(0, case.config["vocab_size"], (2, case.batch, case.length), generator=generator)
+    first, second = random_tokens(case, generator)
     inputs = {"input_ids": second, "labels": second, "mems": []}
     if case.memory_length:  # (the base model's: the output layer's logits, up to GBs at the recipes' sizes, unmade)
         with torch.inference_mode():
@@ -569,6 +571,19 @@ def write_case_folder(case: Case, folder: Path):
         inputs["perm_mask"], inputs["target_mapping"] = plm_inputs(case.batch, case.length, case.num_predict, generator)
         inputs["labels"] = second[:, -case.num_predict :].clone()
     torch.save(inputs, folder / "inputs.pt")
+
+
+def random_tokens(case: Case, generator) -> torch.Tensor:
+    """Two segments of [batch, length] token ids: uniform, or with `case.zipf` the id of rank r drawn with probability
+    proportional to 1 / (r + 1), as the words of a corpus whose vocabulary is sorted by frequency. What the adaptive
+    softmax costs depends on it: over WikiText-103's 267,735 words, Zipf's law puts 80% of the targets in the
+    20,000-word head cluster (most of the corpus's are there), uniform draws 7.5% (and 60% in the 160,000-word tail)."""
+    shape, vocab_size = (2, case.batch, case.length), case.config["vocab_size"]
+    if not case.zipf:
+        return torch.randint(0, vocab_size, shape, generator=generator)
+    weights = 1 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+    draws = torch.multinomial(weights, 2 * case.batch * case.length, replacement=True, generator=generator)
+    return draws.view(shape)
 
 
 def ideal_forward_flops(case: Case) -> float:

@@ -261,6 +261,11 @@ def test_recipe_cases_have_the_papers_sizes():
     assert {name: case.nvidia_a100 for name, case in cases.items() if case.nvidia_a100} == {
         "wt103 base": 59_961, "wt103 large": 25_084}  # fmt: skip
     assert (cases["wt103 base"].cuda_batch, cases["wt103 large"].cuda_batch) == (32, 16)
+    # the words by Zipf's law, as the adaptive softmax meets them in the corpus: most targets in its head cluster
+    tokens = run.random_tokens(cases["wt103 base"], torch.Generator().manual_seed(0))
+    assert tokens.shape == (2, 4, 192) and 0.7 < (tokens < 20000).float().mean() < 0.9
+    uniform = run.random_tokens(cases["enwik8 12 layers"], torch.Generator().manual_seed(0))
+    assert not cases["enwik8 12 layers"].zipf and uniform.shape == (2, 8, 512) and uniform.max() < 204
     tiny = {case.name: case for case in run.chosen_cases(["recipes"], quick=True)}
     assert list(tiny) == list(run.QUICK_RECIPES)
     large = tiny["wt103 large"]
