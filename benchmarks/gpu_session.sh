@@ -29,10 +29,10 @@ if [[ ${1:-} == --download ]]; then
     version=$("$PYTHON" -c "import transformers; print(transformers.__version__)")
     rm -rf "$WHEELS.partial" && mkdir -p "$WHEELS.partial/ours" "$WHEELS.partial/legacy"
     "$PYTHON" -m pip download -q "${platform[@]}" -d "$WHEELS.partial/ours" "transformers==$version"
-    rm -f "$WHEELS.partial"/ours/numpy-*.whl  # (the machine's numpy is the one its torch was built with)
-    # the legacy venv's versions (docs/benchmarks.md, "The legacy reference venv")
-    "$PYTHON" -m pip download -q --no-deps "${platform[@]}" -d "$WHEELS.partial/legacy" transformers==4.37.2 \
+    # the legacy venv's versions (docs/benchmarks.md, "The legacy reference venv"), with what they need
+    "$PYTHON" -m pip download -q "${platform[@]}" -d "$WHEELS.partial/legacy" transformers==4.37.2 \
         tokenizers==0.15.2 huggingface_hub==0.36.2
+    rm -f "$WHEELS.partial"/*/numpy-*.whl  # (the machine's numpy is the one its torch was built with)
     rm -rf "$WHEELS" && mv "$WHEELS.partial" "$WHEELS"
     grep -qx "/$WHEELS/" "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null \
         || echo "/$WHEELS/" >>"$(git rev-parse --git-common-dir)/info/exclude"

@@ -76,7 +76,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -321,6 +321,8 @@ class Session:
         self.device = torch.device(device)
         self.autocast = autocast  # every evaluation and training call under bf16 autocast (--autocast bf16)
         self.model = load_model(folder, implementation, self.device, attn_implementation)
+        if autocast and implementation == "legacy":
+            embedding_without_autocast(self.model.transformer.word_emb)
         inputs = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
                   for name, value in torch.load(folder / "inputs.pt", weights_only=True).items()}  # fmt: skip
         self.input_ids, self.labels = inputs["input_ids"], inputs["labels"]
@@ -413,6 +415,20 @@ class Session:
         return peak_memory(lambda: self.train_step(self.model), self.device)
 
 
+def embedding_without_autocast(embedding):
+    """transformers 4.37.2's adaptive embedding, run with autocast off: it copies each cluster's projected embeddings
+    into an fp32 tensor (`index_copy_`), which fails when autocast has made them bf16. The least change that runs
+    that reference under autocast (the rest of it autocasts; the embedding's projections are a negligible part of a
+    step)."""
+    forward = embedding.forward
+
+    def without_autocast(input_ids):
+        with torch.autocast(input_ids.device.type, enabled=False):
+            return forward(input_ids)
+
+    embedding.forward = without_autocast
+
+
 def int8_model(session):
     """int8 linear layers (`quantize_dynamic_int8`: torchao's, imported here so that the command runs without it;
     `unmeasured_deploy_sides` leaves the int8 sides out where torchao is missing)."""
@@ -483,7 +499,9 @@ def worker_main(folder, implementation, threads, device, attn_implementation, au
     # operators' backward (their key does not cover it), and a version's measurement would be another's.
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
-    serve(Session(Path(folder), implementation, device, attn_implementation, autocast == "bf16").ask)
+    with redirect_stdout(sys.stderr):  # (what loading prints, e.g. a library's import error, is not an answer)
+        session = Session(Path(folder), implementation, device, attn_implementation, autocast == "bf16")
+    serve(session.ask)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -201,11 +201,11 @@ def test_quick_run_with_the_legacy_venv(tmp_path):
 
 def test_gpu_session_script_runs_the_recipes_end_to_end_on_cpu_at_tiny_size(tmp_path):
     """benchmarks/gpu_session.sh, the GPU session's one command, through its device switch on CPU with --quick: the
-    recipes' tiny stand-ins (one per model and task), every side under bf16 autocast, throughput and memory rows
-    (the memory in the throughput's workers), NVIDIA's A100 column on the recipe that has a figure, and the log.
-    (Without the legacy venv: the runs above measure that side; this one costs one worker per side and case.)"""
-    env = {key: value for key, value in os.environ.items() if key != LEGACY_ENV}
-    env.update(PYTHON=sys.executable, OUT=str(tmp_path / "out"), WHEELS=str(tmp_path / "no-wheels"))
+    recipes' tiny stand-ins (one per model and task), every side under bf16 autocast (transformers 4.37.2's too,
+    with the legacy venv: its adaptive embedding fails under autocast unless run without it), throughput and memory
+    rows (the memory in the throughput's workers), NVIDIA's A100 column on the recipe that has a figure, and the log."""
+    legacy = bool(os.environ.get(LEGACY_ENV))
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), WHEELS=str(tmp_path / "no-wheels"))
     subprocess.run([str(ROOT / "benchmarks" / "gpu_session.sh"), "--quick", "--device", "cpu", "--threads", "1"],
                    check=True, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL)  # fmt: skip
     results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -222,11 +222,11 @@ def test_gpu_session_script_runs_the_recipes_end_to_end_on_cpu_at_tiny_size(tmp_
     for (section, case, workload), row in rows.items():
         assert list(row["sides"]) == ["ours", cases[case]]
         assert row["sides"]["ours"]["status"] == "measured", (case, workload)
-        reference = "not measured" if cases[case] == "transformers 4.37.2" else "measured"
-        assert row["sides"][cases[case]]["status"] == reference, (case, workload)
+        reference = "not measured" if cases[case] == "transformers 4.37.2" and not legacy else "measured"
+        assert row["sides"][cases[case]]["status"] == reference, (case, workload, row["sides"])
     for case in cases:  # (bf16 logits: the sides agree to bf16's precision)
         diff = rows[("throughput", case, "evaluation")]["max_abs_logit_diff"]
-        assert diff is None if case == "wt103 large" else diff < 0.5, case
+        assert diff is None if case == "wt103 large" and not legacy else diff < 0.5, case
     step = rows[("throughput", "wt103 large", "training step (AdamW)")]
     assert step["nvidia_a100_tokens_per_second"] == 25_084
     assert "| ours / NVIDIA 1 x A100 (published" in table and "x of 25,084 |" in table
