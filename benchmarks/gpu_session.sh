@@ -54,11 +54,11 @@ if [[ -d $WHEELS ]]; then
     rm -rf "$site" && mkdir -p "$site"
     install=("$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir)
     "${install[@]}" --target "$site/ours" "$WHEELS"/ours/*.whl
-    PYTHONPATH=$site/ours "${install[@]}" --no-build-isolation --target "$site/ours" .
+    "${install[@]}" --no-build-isolation --target "$site/package" .  # (this checkout, built there)
     "${install[@]}" --target "$site/legacy" "$WHEELS"/legacy/*.whl
     printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$site/legacy" "$(command -v "$PYTHON")" >"$site/legacy-python"
     chmod +x "$site/legacy-python"
-    export PYTHONPATH=$site/ours
+    export PYTHONPATH=$site/package:$site/ours
     legacy=(--legacy-python "$site/legacy-python")
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
