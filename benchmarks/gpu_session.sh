@@ -14,7 +14,7 @@
 # apart, for the legacy side's python (a wrapper that puts only those on its path). Without .whl/ (a CPU run) the
 # python is $PYTHON (default python3) and the legacy side's $TRANSFORMERS_XL_LEGACY_PYTHON, if set. $WHEELS (default
 # .whl) names the wheels' folder, $BUDGET the seconds the whole command may take (default 570).
-# Results: $OUT (the device tool's folder) or gpu-session-results/: results.json, results.md (rewritten after every
+# Results: $OUT (the device tool's folder) or benchmark-results/gpu-session/: results.json, results.md (rewritten after every
 # case, so a run stopped by the time limit leaves the cases it measured) and log.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ if [[ ${1:-} == --quick ]]; then
     quick=(--quick)
     shift
 fi
-output=${OUT:-gpu-session-results}
+output=${OUT:-benchmark-results/gpu-session}
 mkdir -p "$output"
 legacy=()  # (run.py's default: $TRANSFORMERS_XL_LEGACY_PYTHON)
 
