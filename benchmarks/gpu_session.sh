@@ -14,8 +14,8 @@
 # apart, for the legacy side's python (a wrapper that puts only those on its path). Without .whl/ (a CPU run) the
 # python is $PYTHON (default python3) and the legacy side's $TRANSFORMERS_XL_LEGACY_PYTHON, if set. $WHEELS (default
 # .whl) names the wheels' folder, $BUDGET the seconds the whole command may take (default 570).
-# Results: $OUT (the device tool's folder) or benchmark-results/gpu-session/: results.json, results.md (rewritten after every
-# case, so a run stopped by the time limit leaves the cases it measured) and log.txt.
+# Results: $OUT (the device tool's folder) or benchmark-results/gpu-session/: results.json, results.md (rewritten
+# after every case, so a run stopped by the time limit leaves the cases it measured) and log.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -63,6 +63,6 @@ if [[ -d $WHEELS ]]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
 
-timeout --signal=INT --kill-after=15 $((BUDGET - SECONDS)) "$PYTHON" -u benchmarks/run.py --device cuda --configs recipes \
-    --autocast bf16 --rounds 3 --warmup 2 --output "$output" "${legacy[@]}" "${quick[@]}" "$@" 2>&1 \
-    | tee "$output/log.txt"
+timeout --signal=INT --kill-after=15 $((BUDGET - SECONDS)) \
+    "$PYTHON" -u benchmarks/run.py --device cuda --configs recipes --autocast bf16 --rounds 3 --warmup 2 \
+    --output "$output" "${legacy[@]}" "${quick[@]}" "$@" 2>&1 | tee "$output/log.txt"
