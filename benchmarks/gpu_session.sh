@@ -63,6 +63,6 @@ if [[ -d $WHEELS ]]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
 
-timeout --signal=INT --kill-after=15 $((BUDGET - SECONDS)) \
+timeout --signal=INT --kill-after=15 $((BUDGET - SECONDS > 60 ? BUDGET - SECONDS : 60)) \
     "$PYTHON" -u benchmarks/run.py --device cuda --configs recipes --autocast bf16 --rounds 3 --warmup 2 \
     --output "$output" "${legacy[@]}" "${quick[@]}" "$@" 2>&1 | tee "$output/log.txt"
