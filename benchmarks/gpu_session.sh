@@ -4,7 +4,7 @@
 # step's peak memory, ours against transformers 4.37.2 and 5, every side under bf16 autocast, NVIDIA's published
 # A100 figures beside them), 3 rounds after 2 warm-up calls.
 #
-#   benchmarks/gpu_session.sh --download     # here, beforehand: the wheels the GPU machine lacks, into .whl/
+#   PYTHON=.venv/bin/python benchmarks/gpu_session.sh --download   # here, beforehand: the wheels it lacks, in .whl/
 #   benchmarks/gpu_session.sh                # there, from the repository root (docs/benchmarks.md, "On a GPU")
 #   benchmarks/gpu_session.sh --quick --device cpu   # the same at tiny sizes on CPU (tests/test_benchmarks.py)
 #
