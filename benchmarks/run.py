@@ -606,19 +606,24 @@ def random_tokens(case: Case, generator) -> torch.Tensor:
 
 def ideal_forward_flops(case: Case) -> float:
     """GEMM FLOPs an ideal implementation spends on one evaluation call (performance-notes.md, Sec. 4): per layer
-    the query and output projections of the q new tokens (and of the permutation LM's query stream, one query per
-    target), key / value projections of all k = memory + q tokens, the relative position keys projected once for
-    the R distances (R = k for Transformer-XL, k + q for XLNet), the content, position and value products over
-    (query, k) pairs and the feed-forward; then the output layer over every token (lm), every target (plm) or the
-    summary and classifier of each sequence (classification), each cluster of the adaptive softmax with its width and
-    projection."""
+    the query and output projections of its queries, key / value projections of all k = memory + q tokens, the
+    relative position keys projected once for the R distances (R = k for Transformer-XL, k + q for XLNet), the
+    content, position and value products over (query, k) pairs and the feed-forward; then the output layer over every
+    token (lm), every target (plm) or the summary and classifier of each sequence (classification), each cluster of
+    the adaptive softmax with its width and projection. The queries: the q new tokens, and the permutation LM's query
+    stream (one per target); in the last layer only those the output reads (every token for lm, the query stream for
+    plm, the summarised last token for classification)."""
     c, b, q = case.config, case.batch, case.length
     k = case.memory_length + q
-    queries = q + case.num_predict
     distances = k + q if case.model == "xlnet" else k
     d, inner, heads = c["d_model"], c["d_inner"], c["n_head"] * c.get("d_head", c["d_model"] // c["n_head"])
-    layer = 4 * b * queries * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads
-    layer += 6 * b * queries * k * heads + 4 * b * queries * d * inner
+
+    def layer(queries):
+        return (4 * b * queries * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads
+                + 6 * b * queries * k * heads + 4 * b * queries * d * inner)  # fmt: skip
+
+    last = {"lm": q, "plm": case.num_predict, "classification": 1}[case.task]
+    layers = (c["n_layer"] - 1) * layer(q + case.num_predict) + layer(last)
     vocab = c["vocab_size"]
     if case.task == "classification":
         head = 2 * b * d * (d + c["num_labels"])
@@ -631,7 +636,7 @@ def ideal_forward_flops(case: Case) -> float:
             width = c.get("d_embed", d) // c.get("div_val", 1) ** i
             rows = ends[i + 1] - ends[i] + (len(ends) - 2 if i == 0 else 0)  # the head also scores the clusters
             head += 2 * b * q * rows * width + (2 * b * q * d * width if width != d else 0)
-    return c["n_layer"] * layer + head
+    return layers + head
 
 
 def matmul_peak(dtype, size, device, calls=5):

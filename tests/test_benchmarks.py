@@ -276,6 +276,25 @@ def test_recipe_cases_have_the_papers_sizes():
     assert [case.name for case in run.chosen_cases(["issue", "recipes"], quick=False)] == ["issue", "issue", *cases]
 
 
+def test_ideal_flops_bound_the_gemm_flops_ours_spends_from_below(monkeypatch, tmp_path):
+    """`ideal_forward_flops` (the % of peak column) counts the work an evaluation needs, for each task: ours' GEMM
+    FLOPs (FlopCounterMode) are at least that and within 2x of it at the tiny recipes' shapes (the permutation LM's
+    last layer computes only the query stream, which the output reads)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from dataclasses import replace
+
+    import run
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for index, case in enumerate(run.tiny(case) for case in run.recipe_cases() if "base" in case.name):
+        case = replace(case, length=64, config=dict(case.config, mem_len=64 if case.memory_length else None))
+        run.write_case_folder(case, tmp_path / str(index))
+        session = run.Session(tmp_path / str(index), "ours")
+        with FlopCounterMode(display=False) as counter:
+            session.model(session.input_ids, mems=session.mems or None, **session.extra)
+        assert 1 <= counter.get_total_flops() / run.ideal_forward_flops(case) < 2, case.name
+
+
 def test_a_failing_side_fails_its_case_rows_and_the_run_goes_on(monkeypatch, tmp_path):
     """A side whose worker fails (a GPU out of memory, say) fails its case's remaining throughput rows and its memory
     row with the error's first line, the other side's are not measured, and the partial results say the run has
