@@ -120,6 +120,7 @@ class Case:
     cuda_batch: int | None = None  # the batch on --device cuda, where it differs
     nvidia_a100: int | None = None  # NVIDIA's published training tokens/s of this recipe on one A100 (see recipe_cases)
     zipf: bool = False  # tokens drawn by Zipf's law over the ids (a vocabulary sorted by frequency), else uniformly
+    evaluate_loss: bool = False  # evaluation times the loss of every target (eval.py's), else the full output
 
     @property
     def memory_length(self) -> int:
@@ -166,7 +167,8 @@ def recipe_cases() -> list[Case]:
     recipe's model at its base size: d_model 512, 8 heads, d_inner 2048, 512 + 512, 204 characters); XLNet-base and
     XLNet-large (xlnet-base-cased's and xlnet-large-cased's shapes, sequence 512) fine-tuned as sequence classifiers
     and in the permutation LM (85 targets). Dropout 0, so both sides compute the same thing in training mode. The
-    word-level tokens follow Zipf's law (`random_tokens`), as the adaptive softmax meets them in the corpus.
+    word-level tokens follow Zipf's law (`random_tokens`), as the adaptive softmax meets them in the corpus, and the
+    evaluation is the papers' (`evaluate_loss`): the loss of every target, not 267,735 log-probabilities a token.
     `batch` fits ours and the reference (both held at once) in 24 GiB of CPU memory, fp32 with AdamW's state;
     `cuda_batch` is the recipes' (NVIDIA's per-GPU batch for WikiText-103, the paper's 22 for enwik8) or, for XLNet,
     what fits both sides in an H200's memory."""
@@ -179,7 +181,7 @@ def recipe_cases() -> list[Case]:
     base = dict(n_layer=16, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048, div_val=1)
     enwik8 = dict(n_layer=12, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048)
     xlnet = {name: hub_shape(f"{name}-cased", num_labels=2) for name in ("xlnet-base", "xlnet-large")}
-    return [
+    cases = [
         Case("wt103 base", "transfo-xl", transfo_xl("wt103", 192, **base), batch=4, length=192, cuda_batch=32,
              nvidia_a100=NVIDIA_A100["wt103 base"], zipf=True),
         Case("wt103 large", "transfo-xl", transfo_xl("wt103", 384), batch=1, length=384, cuda_batch=16,
@@ -193,6 +195,7 @@ def recipe_cases() -> list[Case]:
         Case("xlnet-large permutation LM", "xlnet", xlnet["xlnet-large"], batch=1, task="plm", num_predict=85,
              cuda_batch=8),
     ]  # fmt: skip
+    return [replace(case, evaluate_loss=True) for case in cases]
 
 
 # --quick --configs recipes: one tiny stand-in per model and task, the adaptive softmax with div_val 4 among them.
@@ -326,6 +329,7 @@ class Session:
         inputs = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
                   for name, value in torch.load(folder / "inputs.pt", weights_only=True).items()}  # fmt: skip
         self.input_ids, self.labels = inputs["input_ids"], inputs["labels"]
+        self.scored = inputs.get("evaluate_loss", False)  # (Case.evaluate_loss: the timed evaluation is the loss)
         self.mems = tuple(mem.to(self.device) for mem in inputs["mems"])
         # (XLNet's LM keeps the memory it reads; the permutation LM's two streams read perm_mask and target_mapping)
         self.extra = {"use_mems": True} if self.model.config.model_type == "xlnet" and self.mems else {}
@@ -338,7 +342,8 @@ class Session:
         if request["op"] == "describe":  # (what the side runs: the legacy config may lack _attn_implementation)
             return {"attn_implementation": getattr(self.model.config, "_attn_implementation", "eager")}
         if request["op"] == "time":
-            workloads = {"eval": self.evaluate, "train": self.forward_backward, "step": self.train_step}
+            evaluation = self.evaluate_loss if self.scored else self.evaluate
+            workloads = {"eval": evaluation, "train": self.forward_backward, "step": self.train_step}
             workload = workloads[request["workload"]]
             variant = self.variant(request.get("variant", "eager"))
             return {"seconds": seconds(workload, variant, device=self.device)}
@@ -391,6 +396,13 @@ class Session:
         with torch.inference_mode(), self.precision():
             output = model(self.input_ids, mems=mems or None, **self.extra)
         return output["logits"] if "logits" in output else output["prediction_scores"]  # (the legacy model's name)
+
+    def evaluate_loss(self, model):
+        """The loss of every target (inference mode), as the papers evaluate (eval.py): the adaptive softmax scores
+        each target's cluster only, where `evaluate` makes the whole vocabulary's log-probabilities."""
+        self.model.eval()
+        with torch.inference_mode(), self.precision():
+            return model(self.input_ids, mems=self.mems or None, labels=self.labels, **self.extra).loss
 
     def forward_backward(self, model):
         self.model.train()
@@ -576,7 +588,7 @@ def write_case_folder(case: Case, folder: Path):
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
     generator = torch.Generator().manual_seed(0)
     first, second = random_tokens(case, generator)
-    inputs = {"input_ids": second, "labels": second, "mems": []}
+    inputs = {"input_ids": second, "labels": second, "mems": [], "evaluate_loss": case.evaluate_loss}
     if case.memory_length:  # (the base model's: the output layer's logits, up to GBs at the recipes' sizes, unmade)
         with torch.inference_mode():
             body = model.transformer(first, **({"use_mems": True} if case.model == "xlnet" else {}))
@@ -604,7 +616,7 @@ def random_tokens(case: Case, generator) -> torch.Tensor:
     return draws.view(shape)
 
 
-def ideal_forward_flops(case: Case) -> float:
+def ideal_forward_flops(case: Case, labels: torch.Tensor | None = None) -> float:
     """GEMM FLOPs an ideal implementation spends on one evaluation call (performance-notes.md, Sec. 4): per layer
     the query and output projections of its queries, key / value projections of all k = memory + q tokens, the
     relative position keys projected once for the R distances (R = k for Transformer-XL, k + q for XLNet), the
@@ -612,7 +624,8 @@ def ideal_forward_flops(case: Case) -> float:
     token (lm), every target (plm) or the summary and classifier of each sequence (classification), each cluster of
     the adaptive softmax with its width and projection. The queries: the q new tokens, and the permutation LM's query
     stream (one per target); in the last layer only those the output reads (every token for lm, the query stream for
-    plm, the summarised last token for classification)."""
+    plm, the summarised last token for classification). Given the `labels` of an evaluation of the loss
+    (`evaluate_loss`), a tail cluster of the adaptive softmax scores only the positions whose target is in it."""
     c, b, q = case.config, case.batch, case.length
     k = case.memory_length + q
     distances = k + q if case.model == "xlnet" else k
@@ -631,11 +644,16 @@ def ideal_forward_flops(case: Case) -> float:
         head = 2 * b * (case.num_predict or q) * d * vocab
     else:
         ends = [0, *c["cutoffs"], vocab]
+        targets = None if labels is None else labels[:, 1:]  # (position t predicts token t + 1)
         head = 0
         for i in range(len(ends) - 1):
             width = c.get("d_embed", d) // c.get("div_val", 1) ** i
             rows = ends[i + 1] - ends[i] + (len(ends) - 2 if i == 0 else 0)  # the head also scores the clusters
-            head += 2 * b * q * rows * width + (2 * b * q * d * width if width != d else 0)
+            if targets is None:
+                scored = b * q
+            else:
+                scored = targets.numel() if i == 0 else int(((targets >= ends[i]) & (targets < ends[i + 1])).sum())
+            head += 2 * scored * rows * width + (2 * scored * d * width if width != d else 0)
     return layers + head
 
 
@@ -728,7 +746,8 @@ def measure_throughput(run: Run, case: Case, folder: Path, memory: bool = False)
             print(f"{case.name} {model}: max |logit diff| ours vs {case.reference_name}: {parity:.2e}")
     except WorkerError:
         pass  # (in `failed`)
-    labels = {"eval": "evaluation", "train": "training forward + backward", "step": "training step (AdamW)"}
+    evaluation = "evaluation (loss)" if case.evaluate_loss else "evaluation"
+    labels = {"eval": evaluation, "train": "training forward + backward", "step": "training step (AdamW)"}
     for workload, label in labels.items():
         request = {"op": "time", "workload": workload}
         runs = {name: (lambda name=name: ask(name, request)["seconds"]) for name in sides}
@@ -742,7 +761,8 @@ def measure_throughput(run: Run, case: Case, folder: Path, memory: bool = False)
         values.setdefault(case.reference_name, None)
         extra = {"tokens": tokens, "attn_implementation": attention}
         if workload == "eval":
-            extra.update(ideal_flops=ideal_forward_flops(case), max_abs_logit_diff=parity)
+            targets = torch.load(folder / "inputs.pt")["labels"] if case.evaluate_loss else None
+            extra.update(ideal_flops=ideal_forward_flops(case, targets), max_abs_logit_diff=parity)
         if workload == "step" and case.nvidia_a100:
             extra["nvidia_a100_tokens_per_second"] = case.nvidia_a100
         run.add("throughput", case.name, model, label, "s", values, **extra)

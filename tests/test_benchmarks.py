@@ -216,7 +216,7 @@ def test_gpu_session_script_runs_the_recipes_end_to_end_on_cpu_at_tiny_size(tmp_
     rows = {(row["section"], row["config"], row["workload"]): row for row in results["rows"]}
     cases = {"wt103 large": "transformers 4.37.2", "xlnet-base classification": "transformers 5",
              "xlnet-base permutation LM": "transformers 5"}  # fmt: skip
-    workloads = {"throughput": ["evaluation", "training forward + backward", "training step (AdamW)"],
+    workloads = {"throughput": ["evaluation (loss)", "training forward + backward", "training step (AdamW)"],
                  "memory": ["training step, peak above the trained model"]}  # fmt: skip
     assert set(rows) == {(section, case, w) for case in cases for section, names in workloads.items() for w in names}
     for (section, case, workload), row in rows.items():
@@ -225,7 +225,7 @@ def test_gpu_session_script_runs_the_recipes_end_to_end_on_cpu_at_tiny_size(tmp_
         reference = "not measured" if cases[case] == "transformers 4.37.2" and not legacy else "measured"
         assert row["sides"][cases[case]]["status"] == reference, (case, workload, row["sides"])
     for case in cases:  # (bf16 logits: the sides agree to bf16's precision)
-        diff = rows[("throughput", case, "evaluation")]["max_abs_logit_diff"]
+        diff = rows[("throughput", case, "evaluation (loss)")]["max_abs_logit_diff"]
         assert diff is None if case == "wt103 large" and not legacy else diff < 0.5, case
     step = rows[("throughput", "wt103 large", "training step (AdamW)")]
     assert step["nvidia_a100_tokens_per_second"] == 25_084
@@ -277,9 +277,10 @@ def test_recipe_cases_have_the_papers_sizes():
 
 
 def test_ideal_flops_bound_the_gemm_flops_ours_spends_from_below(monkeypatch, tmp_path):
-    """`ideal_forward_flops` (the % of peak column) counts the work an evaluation needs, for each task: ours' GEMM
-    FLOPs (FlopCounterMode) are at least that and within 2x of it at the tiny recipes' shapes (the permutation LM's
-    last layer computes only the query stream, which the output reads)."""
+    """`ideal_forward_flops` (the % of peak column) counts the work an evaluation needs, for each task, of the full
+    output and of the loss (the recipes' evaluation: the adaptive softmax's tail clusters score their targets only):
+    ours' GEMM FLOPs (FlopCounterMode) are at least that and within 2x of it at the tiny recipes' shapes (the
+    permutation LM's last layer computes only the query stream, which the output reads)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from dataclasses import replace
 
@@ -290,9 +291,13 @@ def test_ideal_flops_bound_the_gemm_flops_ours_spends_from_below(monkeypatch, tm
         case = replace(case, length=64, config=dict(case.config, mem_len=64 if case.memory_length else None))
         run.write_case_folder(case, tmp_path / str(index))
         session = run.Session(tmp_path / str(index), "ours")
-        with FlopCounterMode(display=False) as counter:
-            session.model(session.input_ids, mems=session.mems or None, **session.extra)
-        assert 1 <= counter.get_total_flops() / run.ideal_forward_flops(case) < 2, case.name
+        for labels in (None, session.labels):
+            with FlopCounterMode(display=False) as counter:
+                session.model(session.input_ids, mems=session.mems or None, labels=labels, **session.extra)
+            ideal = run.ideal_forward_flops(case, labels)
+            assert 1 <= counter.get_total_flops() / ideal < 2, (case.name, labels is None)
+        if case.model == "transfo-xl":  # (the loss: the tail clusters score their targets' positions only)
+            assert case.evaluate_loss and ideal < run.ideal_forward_flops(case)
 
 
 def test_a_failing_side_fails_its_case_rows_and_the_run_goes_on(monkeypatch, tmp_path):
