@@ -20,9 +20,10 @@ and measures peak memory there) with `--attn-implementation` (default sdpa) wher
 (`devices.attention_implementation`; the throughput rows record what each side ran).
 
 Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of the previous segment):
-- `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`), training forward +
-  backward (labels, gradients), and a full training step (forward, backward, AdamW step, zero_grad), tokens/s; the
-  evaluation's fraction of the device's fp32 matmul peak on ideal FLOPs (see `ideal_forward_flops`);
+- `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`; the recipes': the loss of
+  every target, `Case.evaluate_loss`), training forward + backward (labels, gradients), and a full training step
+  (forward, backward, AdamW step, zero_grad), tokens/s; the evaluation's fraction of the device's matmul peak (fp32,
+  or bf16 under --autocast bf16) on ideal FLOPs (see `ideal_forward_flops`);
 - `memory`: peak memory of a training step, both sides (see `devices.peak_memory`): on CPU each in a fresh worker,
   on CUDA and with --quick in the throughput's workers where both workloads run (`memory_in_timing_workers`);
 - `bf16`: ours under bf16 autocast against ours in fp32 (evaluation and training);
