@@ -2,6 +2,7 @@
 
     python benchmarks/run.py [--legacy-python PYTHON] [--output DIR] [--configs ...] [--workloads ...]
     python benchmarks/run.py --device cuda [--attn-implementation sdpa|eager|flex_attention] ...
+    python benchmarks/run.py --configs recipes [--device cuda --autocast bf16]   # the papers' sizes
     python benchmarks/run.py --quick        # tiny sizes, under a minute: a smoke test of the whole command
     python benchmarks/run.py --keep-freed-memory ...   # both sides timed with glibc keeping freed memory
 
@@ -19,10 +20,12 @@ and measures peak memory there) with `--attn-implementation` (default sdpa) wher
 (`devices.attention_implementation`; the throughput rows record what each side ran).
 
 Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of the previous segment):
-- `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`), training forward +
-  backward (labels, gradients), and a full training step (forward, backward, AdamW step, zero_grad), tokens/s; the
-  evaluation's fraction of the device's fp32 matmul peak on ideal FLOPs (see `ideal_forward_flops`);
-- `memory`: peak memory of a training step, both sides (see `devices.peak_memory`);
+- `throughput`: evaluation (log-probabilities over the full vocabulary, `inference_mode`; the recipes': the loss of
+  every target, `Case.evaluate_loss`), training forward + backward (labels, gradients), and a full training step
+  (forward, backward, AdamW step, zero_grad), tokens/s; the evaluation's fraction of the device's matmul peak (fp32,
+  or bf16 under --autocast bf16) on ideal FLOPs (see `ideal_forward_flops`);
+- `memory`: peak memory of a training step, both sides (see `devices.peak_memory`): on CPU each in a fresh worker,
+  on CUDA and with --quick in the throughput's workers where both workloads run (`memory_in_timing_workers`);
 - `bf16`: ours under bf16 autocast against ours in fp32 (evaluation and training);
 - `compile`: `torch.compile(model)` against eager, ours, evaluation and training forward + backward; failures are
   reported, with their error, instead of stopping the run (the first configuration only);
@@ -48,15 +51,21 @@ Workloads (batch x segment tokens per call; the memory holds `mem_len` tokens of
 
 Configurations: `issue` (d_model 512, 6 layers, 8 heads, d_inner 2048, vocabulary 32000, batch 4 x 512 tokens,
 memory 512; Transformer-XL cutoffs [4000, 12000], div_val 1), `wt103` (transfo-xl-wt103's shapes, 2 of its 18
-layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers); dropout 0 everywhere, so both sides
-compute the same thing in training mode. `--quick` uses one tiny configuration per model.
+layers) and `xlnet-base` (xlnet-base-cased's shapes, 2 of its 12 layers), the default; `recipes`, the papers' real
+sizes (`recipe_cases`: Transformer-XL WikiText-103 base and large, enwik8 12 layers, XLNet-base and -large as
+sequence classifiers and permutation LMs; a batch per case that fits CPU memory, the recipes' on CUDA; throughput and
+memory by default; NVIDIA's published one-A100 training figures beside ours where the recipe matches). Dropout 0
+everywhere, so both sides compute the same thing in training mode. `--quick` uses one tiny configuration per model
+(with `recipes`, tiny stand-ins of some recipes, `QUICK_RECIPES`). `--autocast bf16` runs every side's evaluation
+and training under bf16 autocast (throughput and memory only); `benchmarks/gpu_session.sh` is a GPU session's one
+command.
 
 Method (shared/reference/performance-notes.md, Sec. 4): warm-up calls first (`--warmup`, default 2 per side), then
 `--rounds` rounds (default 5) that alternate the sides (A, B, B, A, ...); each side's min and median, and ratios of
 the medians.
 2 threads by default (`--threads`, for this process and every worker: the only place the benchmarks set torch's
-thread count). Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows); default
-DIR: benchmark-results.
+thread count). Writes DIR/results.json (every measurement) and DIR/results.md (the tables the README shows), after every
+case and at the end (`finished`); default DIR: benchmark-results.
 """
 
 import argparse
@@ -68,7 +77,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from contextlib import nullcontext, redirect_stdout
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -97,13 +107,25 @@ KEEP_FREED_MEMORY_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(
 
 @dataclass
 class Case:
-    """One model configuration with its input shape."""
+    """One model configuration with its input shape and task: "lm" (a segment after the memory, every token
+    predicted), "classification" (XLNet's sequence classification fine-tuning, no memory) or "plm" (XLNet's permutation
+    LM: two streams, `num_predict` targets in a random factorisation order, no memory)."""
 
     name: str
     model: str  # "transfo-xl" or "xlnet"
     config: dict
     batch: int = 4
     length: int = 512
+    task: str = "lm"
+    num_predict: int = 0  # (plm)
+    cuda_batch: int | None = None  # the batch on --device cuda, where it differs
+    nvidia_a100: int | None = None  # NVIDIA's published training tokens/s of this recipe on one A100 (see recipe_cases)
+    zipf: bool = False  # tokens drawn by Zipf's law over the ids (a vocabulary sorted by frequency), else uniformly
+    evaluate_loss: bool = False  # evaluation times the loss of every target (eval.py's), else the full output
+
+    @property
+    def memory_length(self) -> int:
+        return (self.config.get("mem_len") or 0) if self.task == "lm" else 0
 
     @property
     def reference(self):
@@ -131,6 +153,86 @@ CASES = {
     "wt103": [Case("wt103, 2 layers", "transfo-xl", hub_shape("transfo-xl-wt103", n_layer=2, mem_len=512, dropatt=0))],
     "xlnet-base": [Case("xlnet-base, 2 layers", "xlnet", hub_shape("xlnet-base-cased", n_layer=2, mem_len=512))],
 }
+CONFIGS = [*CASES, "recipes"]  # (`recipes`: `recipe_cases`, made where transformers_xl can be imported)
+# NVIDIA's published training throughput of the same recipes on one A100 80GB, mixed precision, tokens/s
+# (DeepLearningExamples, PyTorch/LanguageModeling/Transformer-XL; the large one at batch 16): a column of the
+# throughput table on --device cuda (on a CPU the ratio says nothing).
+NVIDIA_A100 = {"wt103 base": 59_961, "wt103 large": 25_084}
+
+
+def recipe_cases() -> list[Case]:
+    """The papers' real sizes (issue 47), with the model of `training.recipes` where the recipe is there: Transformer-XL
+    on WikiText-103, base (NVIDIA's: 16 layers, d_model 512, 8 heads, d_inner 2048, div_val 1, segment 192 + memory 192)
+    and large (the `wt103` recipe: 18 layers, d_model 1024, 16 heads, d_inner 4096, div_val 4, 384 + 384), both with
+    the adaptive softmax over 267,735 words (cutoffs [20000, 40000, 200000]); enwik8 with 12 layers (the `enwik8`
+    recipe's model at its base size: d_model 512, 8 heads, d_inner 2048, 512 + 512, 204 characters); XLNet-base and
+    XLNet-large (xlnet-base-cased's and xlnet-large-cased's shapes, sequence 512) fine-tuned as sequence classifiers
+    and in the permutation LM (85 targets). Dropout 0, so both sides compute the same thing in training mode. The
+    word-level tokens follow Zipf's law (`random_tokens`), as the adaptive softmax meets them in the corpus, and the
+    evaluation is the papers' (`evaluate_loss`): the loss of every target, not 267,735 log-probabilities a token.
+    `batch` fits ours and the reference (both held at once) in 24 GiB of CPU memory, fp32 with AdamW's state;
+    `cuda_batch` is the recipes' (NVIDIA's per-GPU batch for WikiText-103, the paper's 22 for enwik8) or, for XLNet,
+    what fits both sides in an H200's memory."""
+    from transformers_xl.training.recipes import RECIPES
+
+    def transfo_xl(recipe, segment, **size):
+        return {**RECIPES[recipe].model, "vocab_size": RECIPES[recipe].reference_vocab_size, **size,
+                "mem_len": segment, "dropout": 0.0, "dropatt": 0.0}  # fmt: skip
+
+    base = dict(n_layer=16, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048, div_val=1)
+    enwik8 = dict(n_layer=12, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048)
+    xlnet = {name: hub_shape(f"{name}-cased", num_labels=2) for name in ("xlnet-base", "xlnet-large")}
+    cases = [
+        Case("wt103 base", "transfo-xl", transfo_xl("wt103", 192, **base), batch=4, length=192, cuda_batch=32,
+             nvidia_a100=NVIDIA_A100["wt103 base"], zipf=True),
+        Case("wt103 large", "transfo-xl", transfo_xl("wt103", 384), batch=1, length=384, cuda_batch=16,
+             nvidia_a100=NVIDIA_A100["wt103 large"], zipf=True),
+        Case("enwik8 12 layers", "transfo-xl", transfo_xl("enwik8", 512, **enwik8), batch=8, length=512, cuda_batch=22),
+        Case("xlnet-base classification", "xlnet", xlnet["xlnet-base"], batch=8, task="classification", cuda_batch=32),
+        Case("xlnet-base permutation LM", "xlnet", xlnet["xlnet-base"], batch=2, task="plm", num_predict=85,
+             cuda_batch=16),
+        Case("xlnet-large classification", "xlnet", xlnet["xlnet-large"], batch=2, task="classification",
+             cuda_batch=16),
+        Case("xlnet-large permutation LM", "xlnet", xlnet["xlnet-large"], batch=1, task="plm", num_predict=85,
+             cuda_batch=8),
+    ]  # fmt: skip
+    return [replace(case, evaluate_loss=True) for case in cases]
+
+
+# --quick --configs recipes: one tiny stand-in per model and task, the adaptive softmax with div_val 4 among them.
+QUICK_RECIPES = ("wt103 large", "xlnet-base classification", "xlnet-base permutation LM")
+
+
+def tiny(case: Case) -> Case:
+    """`case` at --quick's size: 2 layers of width 64 (div_val 4's last cluster keeps a width of 1), a vocabulary of
+    1000 (its cutoffs as many, in proportion), batch 2 x 16 tokens, memory 16, 4 targets; the structure (task,
+    adaptive softmax, div_val) kept."""
+    config = dict(case.config, n_layer=2, d_model=64, n_head=4, d_head=16, d_inner=128)
+    if case.model == "transfo-xl":
+        config["d_embed"] = 64
+    if config["vocab_size"] > 1000:
+        scale = 1000 / config["vocab_size"]
+        config.update(vocab_size=1000, cutoffs=[round(cutoff * scale) for cutoff in config.get("cutoffs") or []])
+    if config.get("mem_len"):
+        config["mem_len"] = 16
+    return replace(case, config=config, batch=2, length=16, num_predict=min(case.num_predict, 4), cuda_batch=None)
+
+
+def chosen_cases(configs: list[str], quick: bool) -> list[Case]:
+    """The cases of `configs`; with --quick the tiny ones (QUICK_CASES for the small configurations, `tiny` stand-ins
+    of QUICK_RECIPES for `recipes`)."""
+    cases = []
+    if quick and set(configs) - {"recipes"}:
+        cases += QUICK_CASES
+    for name in configs:
+        if name == "recipes":
+            recipes = recipe_cases()
+            cases += [tiny(case) for case in recipes if case.name in QUICK_RECIPES] if quick else recipes
+        elif not quick:
+            cases += CASES[name]
+    return cases
+
+
 QUICK_CASES = [
     Case("tiny", "transfo-xl", dict(ISSUE_TRANSFO_XL, vocab_size=1000, cutoffs=[200, 600], d_model=32, d_embed=32,
                                     n_head=4, d_head=8, d_inner=64, n_layer=2, mem_len=16), batch=2, length=16),
@@ -138,6 +240,8 @@ QUICK_CASES = [
          batch=2, length=16),
 ]  # fmt: skip
 WORKLOADS = ["peak", "throughput", "memory", "bf16", "compile", "generation", "static", "stream", "deploy"]
+# Those that --autocast bf16 applies to (every side's calls autocast), and --configs recipes' default.
+AUTOCAST_WORKLOADS = ["peak", "throughput", "memory"]
 # The deploy workload (issue 22): one segment of 128 tokens after 128 of memory, batch 1, as a deployed model reads a
 # stream; the sides (Session.variant), eager first (the ratios are against it). "eager, cache" carries the memory from
 # call to call in a MemoryCache, as a stream is read in eager mode (`transformers-xl evaluate`'s loop).
@@ -186,28 +290,28 @@ MODEL_NAMES = {"transfo-xl": "Transformer-XL", "xlnet": "XLNet"}
 # One implementation, in this process or in a worker
 
 
-def our_classes(model_type: str):
-    """(config class, LM head class) of ours for a case's model type ("transfo-xl" or "xlnet")."""
+def our_classes(model_type: str, task: str = "lm"):
+    """(config class, model class) of ours for a case's model type ("transfo-xl" or "xlnet") and task (the LM head,
+    or XLNet's sequence classifier for "classification")."""
     import transformers_xl
 
-    return {
-        "transfo-xl": (transformers_xl.TransfoXLConfig, transformers_xl.TransfoXLLMHeadModel),
-        "xlnet": (transformers_xl.XLNetConfig, transformers_xl.XLNetLMHeadModel),
-    }[model_type]
+    prefix = {"transfo-xl": "TransfoXL", "xlnet": "XLNet"}[model_type]
+    head = "ForSequenceClassification" if task == "classification" else "LMHeadModel"
+    return getattr(transformers_xl, f"{prefix}Config"), getattr(transformers_xl, f"{prefix}{head}")
 
 
 def load_model(folder: Path, implementation: str, device="cpu", attn_implementation="sdpa"):
-    """Ours, transformers 5's XLNet or transformers 4.37.2's Transformer-XL (run under the legacy python), on
-    `device`, with `attn_implementation` where the model supports it (`devices.attention_implementation`)."""
-    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    """Ours, transformers 5's XLNet or transformers 4.37.2's Transformer-XL (run under the legacy python), of the
+    class the folder's config names (`write_case_folder`), on `device`, with `attn_implementation` where the model
+    supports it (`devices.attention_implementation`)."""
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
     if implementation == "ours":
-        model_class = our_classes(model_type)[1]
-    elif implementation == "transformers":
-        from transformers import XLNetLMHeadModel as model_class
-    elif implementation == "legacy":
-        from transformers import TransfoXLLMHeadModel as model_class
+        import transformers_xl as library
+    elif implementation in ("transformers", "legacy"):  # (the legacy one under the legacy venv's python)
+        import transformers as library
     else:
         raise ValueError(f"implementation must be 'ours', 'transformers' or 'legacy', got {implementation!r}")
+    model_class = getattr(library, architecture)
     attention = attention_implementation(model_class, attn_implementation)
     return model_class.from_pretrained(folder, attn_implementation=attention).to(device).eval()
 
@@ -217,13 +321,20 @@ class Session:
     `describe`, `time`, `logits`, `peak_memory`, `deploy_logits`, `decode`), the same in this process and in a
     worker."""
 
-    def __init__(self, folder: Path, implementation: str, device="cpu", attn_implementation="sdpa"):
+    def __init__(self, folder: Path, implementation: str, device="cpu", attn_implementation="sdpa", autocast=False):
         self.device = torch.device(device)
+        self.autocast = autocast  # every evaluation and training call under bf16 autocast (--autocast bf16)
         self.model = load_model(folder, implementation, self.device, attn_implementation)
-        inputs = torch.load(folder / "inputs.pt", weights_only=True)
-        self.input_ids = inputs["input_ids"].to(self.device)
+        if autocast and implementation == "legacy":
+            embedding_without_autocast(self.model.transformer.word_emb)
+        inputs = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
+                  for name, value in torch.load(folder / "inputs.pt", weights_only=True).items()}  # fmt: skip
+        self.input_ids, self.labels = inputs["input_ids"], inputs["labels"]
+        self.scored = inputs.get("evaluate_loss", False)  # (Case.evaluate_loss: the timed evaluation is the loss)
         self.mems = tuple(mem.to(self.device) for mem in inputs["mems"])
-        self.extra = {"use_mems": True} if self.model.config.model_type == "xlnet" else {}
+        # (XLNet's LM keeps the memory it reads; the permutation LM's two streams read perm_mask and target_mapping)
+        self.extra = {"use_mems": True} if self.model.config.model_type == "xlnet" and self.mems else {}
+        self.extra.update({name: inputs[name] for name in ("perm_mask", "target_mapping") if name in inputs})
         self.optimizer = None
         self.compiled = None
         self.deployed = {}  # the deploy workload's variants, made on first use
@@ -232,7 +343,8 @@ class Session:
         if request["op"] == "describe":  # (what the side runs: the legacy config may lack _attn_implementation)
             return {"attn_implementation": getattr(self.model.config, "_attn_implementation", "eager")}
         if request["op"] == "time":
-            workloads = {"eval": self.evaluate, "train": self.forward_backward, "step": self.train_step}
+            evaluation = self.evaluate_loss if self.scored else self.evaluate
+            workloads = {"eval": evaluation, "train": self.forward_backward, "step": self.train_step}
             workload = workloads[request["workload"]]
             variant = self.variant(request.get("variant", "eager"))
             return {"seconds": seconds(workload, variant, device=self.device)}
@@ -278,16 +390,29 @@ class Session:
         return seconds_per_token(make_generate(model, True, **extra), prompt, new_tokens)
 
     def evaluate(self, model):
-        """Log-probabilities of the second segment after the memory (inference mode)."""
+        """Log-probabilities of the second segment after the memory, the classes' logits or the permutation LM's
+        targets' (inference mode)."""
         self.model.eval()
         mems = tuple(mem.to(getattr(model, "dtype", torch.float32)) for mem in self.mems)  # (bf16 weights: bf16 mems)
-        with torch.inference_mode():
-            output = model(self.input_ids, mems=mems, **self.extra)
+        with torch.inference_mode(), self.precision():
+            output = model(self.input_ids, mems=mems or None, **self.extra)
         return output["logits"] if "logits" in output else output["prediction_scores"]  # (the legacy model's name)
+
+    def evaluate_loss(self, model):
+        """The loss of every target (inference mode), as the papers evaluate (eval.py): the adaptive softmax scores
+        each target's cluster only, where `evaluate` makes the whole vocabulary's log-probabilities."""
+        self.model.eval()
+        with torch.inference_mode(), self.precision():
+            return model(self.input_ids, mems=self.mems or None, labels=self.labels, **self.extra).loss
 
     def forward_backward(self, model):
         self.model.train()
-        model(self.input_ids, mems=self.mems, labels=self.input_ids, **self.extra).loss.backward()
+        with self.precision():
+            loss = model(self.input_ids, mems=self.mems or None, labels=self.labels, **self.extra).loss
+        loss.backward()
+
+    def precision(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
     def train_step(self, model):
         self.optimizer = self.optimizer or torch.optim.AdamW(self.model.parameters(), lr=1e-4)
@@ -301,6 +426,20 @@ class Session:
         CPU run in a fresh worker with `MALLOC_ENV`, so that freed memory leaves the resident set."""
         self.train_step(self.model)
         return peak_memory(lambda: self.train_step(self.model), self.device)
+
+
+def embedding_without_autocast(embedding):
+    """transformers 4.37.2's adaptive embedding, run with autocast off: it copies each cluster's projected embeddings
+    into an fp32 tensor (`index_copy_`), which fails when autocast has made them bf16. The least change that runs
+    that reference under autocast (the rest of it autocasts; the embedding's projections are a negligible part of a
+    step)."""
+    forward = embedding.forward
+
+    def without_autocast(input_ids):
+        with torch.autocast(input_ids.device.type, enabled=False):
+            return forward(input_ids)
+
+    embedding.forward = without_autocast
 
 
 def int8_model(session):
@@ -367,13 +506,15 @@ DEPLOY_VARIANTS = {"int8": int8_model, "bf16 weights": bf16_model, "onnxruntime"
                    "eager, cache": streaming_model}  # fmt: skip
 
 
-def worker_main(folder, implementation, threads, device, attn_implementation):
+def worker_main(folder, implementation, threads, device, attn_implementation, autocast):
     torch.set_num_threads(threads)
     # torch.compile compiles afresh: its on-disk caches would serve a graph compiled before a change to one of our
     # operators' backward (their key does not cover it), and a version's measurement would be another's.
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
-    serve(Session(Path(folder), implementation, device, attn_implementation).ask)
+    with redirect_stdout(sys.stderr):  # (what loading prints, e.g. a library's import error, is not an answer)
+        session = Session(Path(folder), implementation, device, attn_implementation, autocast == "bf16")
+    serve(session.ask)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -393,11 +534,12 @@ class Run:
     gemv_bandwidth: float = 0.0  # bytes/s, the best of the matrix-vector measurements
 
     def worker(self, folder, implementation, python=None, env=None):
-        """A worker process for one side, on --threads threads, --device and --attn-implementation; `env` (the memory
-        measurement's) replaces --keep-freed-memory's."""
+        """A worker process for one side, on --threads threads, --device, --attn-implementation and --autocast;
+        `env` (the memory measurement's) replaces --keep-freed-memory's."""
         python = python or sys.executable
         env = env or (KEEP_FREED_MEMORY_ENV if self.args.keep_freed_memory else None)
-        args = (str(folder), implementation, str(self.args.threads), self.args.device, self.args.attn_implementation)
+        args = (str(folder), implementation, str(self.args.threads), self.args.device, self.args.attn_implementation,
+                self.args.autocast)  # fmt: skip
         return Worker(python, __file__, "--worker", *args, env=env)
 
     def add(self, section, case_name, model, workload, unit, sides, **extra):
@@ -434,44 +576,86 @@ def measure_case(parser, args, case: Case, measure, prefix: str):
 
 
 def write_case_folder(case: Case, folder: Path):
-    """config.json + pytorch_model.bin (every key, as transformers 4.x saved them) from our randomly initialised
-    model, and inputs.pt: the second segment and the memory our model left after the first one."""
-    config_class, model_class = our_classes(case.model)
+    """config.json (naming the model's class) + pytorch_model.bin (every key, as transformers 4.x saved them) from our
+    randomly initialised model, and inputs.pt: the second segment, the memory our model left after the first one
+    (the "lm" task) and the labels: the segment itself (lm), random classes (classification) or the tokens of the
+    last `num_predict` positions, predicted in a random order (plm, `bench_xlnet.plm_inputs`)."""
+    config_class, model_class = our_classes(case.model, case.task)
     torch.manual_seed(0)
     model = model_class(config_class(**case.config)).eval()
     folder.mkdir(parents=True)
+    model.config.architectures = [model_class.__name__]
     model.config.save_pretrained(folder)
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
     generator = torch.Generator().manual_seed(0)
-    first, second = torch.randint(0, case.config["vocab_size"], (2, case.batch, case.length), generator=generator)
-    with torch.inference_mode():
-        mems = model(first, **({"use_mems": True} if case.model == "xlnet" else {})).mems
-    torch.save({"input_ids": second, "mems": list(mems)}, folder / "inputs.pt")
+    first, second = random_tokens(case, generator)
+    inputs = {"input_ids": second, "labels": second, "mems": [], "evaluate_loss": case.evaluate_loss}
+    if case.memory_length:  # (the base model's: the output layer's logits, up to GBs at the recipes' sizes, unmade)
+        with torch.inference_mode():
+            body = model.transformer(first, **({"use_mems": True} if case.model == "xlnet" else {}))
+        inputs["mems"] = list(body.mems)
+    if case.task == "classification":
+        inputs["labels"] = torch.randint(0, model.config.num_labels, (case.batch,), generator=generator)
+    if case.task == "plm":
+        from bench_xlnet import plm_inputs
+
+        inputs["perm_mask"], inputs["target_mapping"] = plm_inputs(case.batch, case.length, case.num_predict, generator)
+        inputs["labels"] = second[:, -case.num_predict :].clone()
+    torch.save(inputs, folder / "inputs.pt")
 
 
-def ideal_forward_flops(case: Case) -> float:
+def random_tokens(case: Case, generator) -> torch.Tensor:
+    """Two segments of [batch, length] token ids: uniform, or with `case.zipf` the id of rank r drawn with probability
+    proportional to 1 / (r + 1), as the words of a corpus whose vocabulary is sorted by frequency. What the adaptive
+    softmax costs depends on it: over WikiText-103's 267,735 words, Zipf's law puts 80% of the targets in the
+    20,000-word head cluster (most of the corpus's are there), uniform draws 7.5% (and 60% in the 160,000-word tail)."""
+    shape, vocab_size = (2, case.batch, case.length), case.config["vocab_size"]
+    if not case.zipf:
+        return torch.randint(0, vocab_size, shape, generator=generator)
+    weights = 1 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+    draws = torch.multinomial(weights, 2 * case.batch * case.length, replacement=True, generator=generator)
+    return draws.view(shape)
+
+
+def ideal_forward_flops(case: Case, labels: torch.Tensor | None = None) -> float:
     """GEMM FLOPs an ideal implementation spends on one evaluation call (performance-notes.md, Sec. 4): per layer
-    the query and output projections of the q new tokens, key / value projections of all k = memory + q tokens,
-    the relative position keys projected once for the R distances (R = k for Transformer-XL, k + q for XLNet), the
-    content, position and value products over (q, k) pairs and the feed-forward; then the output layer (each cluster
-    of the adaptive softmax with its width and projection)."""
+    the query and output projections of its queries, key / value projections of all k = memory + q tokens, the
+    relative position keys projected once for the R distances (R = k for Transformer-XL, k + q for XLNet), the
+    content, position and value products over (query, k) pairs and the feed-forward; then the output layer over every
+    token (lm), every target (plm) or the summary and classifier of each sequence (classification), each cluster of
+    the adaptive softmax with its width and projection. The queries: the q new tokens, and the permutation LM's query
+    stream (one per target); in the last layer only those the output reads (every token for lm, the query stream for
+    plm, the summarised last token for classification). Given the `labels` of an evaluation of the loss
+    (`evaluate_loss`), a tail cluster of the adaptive softmax scores only the positions whose target is in it."""
     c, b, q = case.config, case.batch, case.length
-    k = c["mem_len"] + q
+    k = case.memory_length + q
     distances = k + q if case.model == "xlnet" else k
     d, inner, heads = c["d_model"], c["d_inner"], c["n_head"] * c.get("d_head", c["d_model"] // c["n_head"])
-    layer = 4 * b * q * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads + 6 * b * q * k * heads
-    layer += 4 * b * q * d * inner
+
+    def layer(queries):
+        return (4 * b * queries * d * heads + 4 * b * k * d * heads + 2 * distances * d * heads
+                + 6 * b * queries * k * heads + 4 * b * queries * d * inner)  # fmt: skip
+
+    last = {"lm": q, "plm": case.num_predict, "classification": 1}[case.task]
+    layers = (c["n_layer"] - 1) * layer(q + case.num_predict) + layer(last)
     vocab = c["vocab_size"]
-    if case.model == "xlnet" or not c.get("cutoffs"):
-        head = 2 * b * q * d * vocab
+    if case.task == "classification":
+        head = 2 * b * d * (d + c["num_labels"])
+    elif case.model == "xlnet" or not c.get("cutoffs"):
+        head = 2 * b * (case.num_predict or q) * d * vocab
     else:
         ends = [0, *c["cutoffs"], vocab]
+        targets = None if labels is None else labels[:, 1:]  # (position t predicts token t + 1)
         head = 0
         for i in range(len(ends) - 1):
             width = c.get("d_embed", d) // c.get("div_val", 1) ** i
             rows = ends[i + 1] - ends[i] + (len(ends) - 2 if i == 0 else 0)  # the head also scores the clusters
-            head += 2 * b * q * rows * width + (2 * b * q * d * width if width != d else 0)
-    return c["n_layer"] * layer + head
+            if targets is None:
+                scored = b * q
+            else:
+                scored = targets.numel() if i == 0 else int(((targets >= ends[i]) & (targets < ends[i + 1])).sum())
+            head += 2 * scored * rows * width + (2 * scored * d * width if width != d else 0)
+    return layers + head
 
 
 def matmul_peak(dtype, size, device, calls=5):
@@ -529,47 +713,79 @@ def reference_worker(run: Run, case: Case, folder: Path):
     return run.worker(folder, "legacy", python) if python else None
 
 
-def measure_throughput(run: Run, case: Case, folder: Path):
+def measure_throughput(run: Run, case: Case, folder: Path, memory: bool = False):
     """Parity, then evaluation / training / training step, ours and the reference alternating, each side in a
     worker process of its own: in one process the sides would share one heap, and each side's speed would depend
     on what the other's calls left in it (glibc's thresholds move with the blocks freed; transformers 5's XLNet
-    measured 257 to 349 training tokens/s from run to run beside ours)."""
+    measured 257 to 349 training tokens/s from run to run beside ours). A side that fails (out of memory, say)
+    fails the case's remaining rows with its error, the other side's are not measured, and the run goes on. With
+    `memory`, the memory workload is then measured in the same workers (`memory_in_timing_workers`)."""
     model, tokens = MODEL_NAMES[case.model], case.batch * case.length
     ours, reference = run.worker(folder, "ours"), reference_worker(run, case, folder)
-    attention = {name: side.ask({"op": "describe"})["attn_implementation"]
-                 for name, side in (("ours", ours), (case.reference_name, reference)) if side is not None}  # fmt: skip
-    for name, implementation in attention.items():
-        if implementation != run.args.attn_implementation:
-            print(f"{case.name} {model}: {name} runs {implementation} attention ({run.args.attn_implementation} is "
-                  "not supported by its model)")  # fmt: skip
-    parity = None
-    if reference is not None:
-        logits = {}
-        for name, side in (("ours", ours), ("reference", reference)):
-            logits[name] = folder / f"{name}-logits.pt"
-            side.ask({"op": "logits", "path": str(logits[name])})
-        parity = (torch.load(logits["reference"]) - torch.load(logits["ours"])).abs().max().item()
-        print(f"{case.name} {model}: max |logit diff| ours vs {case.reference_name}: {parity:.2e}")
-    labels = {"eval": "evaluation", "train": "training forward + backward", "step": "training step (AdamW)"}
+    sides = {name: side for name, side in (("ours", ours), (case.reference_name, reference)) if side is not None}
+    attention, parity, failed = {}, None, {}  # failed: side -> the first line of its error
+
+    def ask(name, request):
+        try:
+            return sides[name].ask(request)
+        except WorkerError as error:
+            failed[name] = f"{error}".splitlines()[0][:300]
+            raise
+
+    try:
+        attention = {name: ask(name, {"op": "describe"})["attn_implementation"] for name in sides}
+        for name, implementation in attention.items():
+            if implementation != run.args.attn_implementation:
+                print(f"{case.name} {model}: {name} runs {implementation} attention ({run.args.attn_implementation} "
+                      "is not supported by its model)")  # fmt: skip
+        if reference is not None:
+            logits = {}
+            for index, name in enumerate(sides):
+                logits[name] = folder / f"logits-{index}.pt"
+                ask(name, {"op": "logits", "path": str(logits[name])})
+            parity = (torch.load(logits[case.reference_name]) - torch.load(logits["ours"])).abs().max().item()
+            print(f"{case.name} {model}: max |logit diff| ours vs {case.reference_name}: {parity:.2e}")
+    except WorkerError:
+        pass  # (in `failed`)
+    evaluation = "evaluation (loss)" if case.evaluate_loss else "evaluation"
+    labels = {"eval": evaluation, "train": "training forward + backward", "step": "training step (AdamW)"}
     for workload, label in labels.items():
         request = {"op": "time", "workload": workload}
-        runs = {"ours": lambda: ours.ask(request)["seconds"]}
-        if reference is not None:
-            runs[case.reference_name] = lambda: reference.ask(request)["seconds"]
-        values = alternate(runs, run.args.rounds, warmup=run.args.warmup)
+        runs = {name: (lambda name=name: ask(name, request)["seconds"]) for name in sides}
+        if not failed:
+            try:
+                values = alternate(runs, run.args.rounds, warmup=run.args.warmup)
+            except WorkerError:
+                pass  # (in `failed`)
+        if failed:
+            values = {name: failed.get(name) for name in sides}
         values.setdefault(case.reference_name, None)
         extra = {"tokens": tokens, "attn_implementation": attention}
         if workload == "eval":
-            extra.update(ideal_flops=ideal_forward_flops(case), max_abs_logit_diff=parity)
+            targets = torch.load(folder / "inputs.pt")["labels"] if case.evaluate_loss else None
+            extra.update(ideal_flops=ideal_forward_flops(case, targets), max_abs_logit_diff=parity)
+        if workload == "step" and case.nvidia_a100:
+            extra["nvidia_a100_tokens_per_second"] = case.nvidia_a100
         run.add("throughput", case.name, model, label, "s", values, **extra)
         print_row(run.rows[-1])
-    for side in (ours, reference):
-        if side is not None:
-            side.close()
+    if memory:
+        measure_memory(run, case, folder, open_workers=sides)
+    for side in sides.values():
+        side.close()
 
 
-def measure_memory(run: Run, case: Case, folder: Path):
-    """Peak memory of a training step, each side in a fresh worker."""
+def memory_in_timing_workers(args, workloads) -> bool:
+    """Whether the memory workload asks the throughput's workers rather than fresh ones: on CUDA, where the allocator's
+    peak counts the step's tensors whatever the process did before (and a fresh worker per side and case would cost
+    the GPU session minutes), and with --quick, a smoke test (where a worker's start is most of the time); on CPU a
+    fresh process with `MALLOC_ENV` is what makes its resident size a measure."""
+    cuda = torch.device(args.device).type == "cuda"
+    return "throughput" in workloads and "memory" in workloads and (cuda or args.quick)
+
+
+def measure_memory(run: Run, case: Case, folder: Path, open_workers: dict | None = None):
+    """Peak memory of a training step, each side in a fresh worker or, given `open_workers` ({side: worker}: the
+    throughput's, see `memory_in_timing_workers`), in those."""
     sides, attention = {}, {}
     legacy = legacy_python(run.args.legacy_python)
     for name, implementation, python in (
@@ -579,12 +795,14 @@ def measure_memory(run: Run, case: Case, folder: Path):
         if implementation == "legacy" and not python:
             sides[name] = None
             continue
+        opened = (open_workers or {}).get(name)
         try:
-            with run.worker(folder, implementation, python, env=MALLOC_ENV) as worker:
+            context = nullcontext(opened) if opened else run.worker(folder, implementation, python, env=MALLOC_ENV)
+            with context as worker:
                 attention[name] = worker.ask({"op": "describe"})["attn_implementation"]
                 sides[name] = [worker.ask({"op": "peak_memory"})["bytes"]]
         except WorkerError as error:
-            sides[name] = str(error)
+            sides[name] = f"{error}".splitlines()[0][:300]  # (a table cell's line)
     run.add("memory", case.name, MODEL_NAMES[case.model], "training step, peak above the trained model", "bytes", sides,
             attn_implementation=attention)  # fmt: skip
     print_row(run.rows[-1])
@@ -864,9 +1082,9 @@ def print_row(row):
 
 
 SECTIONS = {
-    "throughput": ("Throughput (fp32): tokens/s, median / best call; speed-up = reference time / ours (medians)",
+    "throughput": ("Throughput ({precision}): tokens/s, median / best call; speed-up = reference time / ours (medians)",
                    ["configuration", "model", "workload", "ours", "reference", "speed-up", "ours, % of matmul peak"]),
-    "memory": ("Peak memory of a training step (above the trained model); ratio = ours / reference",
+    "memory": ("Peak memory of a training step ({precision}, above the trained model); ratio = ours / reference",
                ["configuration", "model", "workload", "ours", "reference", "ours / reference"]),
     "bf16": ("bf16 autocast against our own fp32: tokens/s, median / best; speed-up over fp32",
              ["configuration", "model", "workload", "ours bf16", "ours fp32", "speed-up"]),
@@ -919,13 +1137,20 @@ def markdown(run: Run) -> str:
         f"{cpu_model()}{gpu}; torch {torch.__version__}, {run.args.threads} threads; attention "
         f"{run.args.attn_implementation} where a side's model supports it; matmul peak "
         + ", ".join(f"{name} {flops / 1e9:,.0f} GFLOP/s" for name, flops in run.peak_flops.items())
-        + ("; workers with glibc keeping freed memory (--keep-freed-memory)" if run.args.keep_freed_memory else ""),
+        + ("; workers with glibc keeping freed memory (--keep-freed-memory)" if run.args.keep_freed_memory else "")
+        + ("; every side's evaluation and training under bf16 autocast" if run.args.autocast == "bf16" else ""),
     ]
+    precision = "bf16 autocast" if run.args.autocast == "bf16" else "fp32"
+    # (the published A100 column, where a row has a figure: ours' tokens/s over it, meaningful on a GPU only)
+    a100 = any(row.get("nvidia_a100_tokens_per_second") for row in run.rows)
     for section, (title, header) in SECTIONS.items():
         rows = [row for row in run.rows if row["section"] == section]
         if not rows:
             continue
-        lines += ["", f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        if section == "throughput" and a100:
+            header = [*header, "ours / NVIDIA 1 x A100 (published, mixed precision; a GPU's comparison)"]
+        lines += ["", f"**{title.format(precision=precision)}**", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]  # fmt: skip
         for row in rows:
             if section == "deploy":
                 lines.append("| " + " | ".join([row["config"], row["model"], row["workload"], *deploy_cells(row)]) + " |")
@@ -944,6 +1169,8 @@ def markdown(run: Run) -> str:
                      f"{r:.2f}x" if r is not None else "-"]  # fmt: skip
             if section == "throughput":
                 cells.append(percent_of_peak(run, row))
+                if a100:
+                    cells.append(nvidia_a100_cell(row))
             if section == "static":
                 static = row["sides"]["static"]
                 measured = static["status"] == "measured" and row["floor_seconds"]
@@ -969,39 +1196,62 @@ def other_attention(run: Run, row, side) -> list[str]:
 
 
 def percent_of_peak(run: Run, row):
-    ours = row["sides"]["ours"]
-    if "ideal_flops" not in row or ours["status"] != "measured" or "float32" not in run.peak_flops:
+    """Ours' ideal FLOPs per second over the matmul peak of the dtype it computes in (bf16 under --autocast bf16)."""
+    ours, dtype = row["sides"]["ours"], "bfloat16" if run.args.autocast == "bf16" else "float32"
+    if "ideal_flops" not in row or ours["status"] != "measured" or dtype not in run.peak_flops:
         return "-"
-    return f"{100 * row['ideal_flops'] / ours['median'] / run.peak_flops['float32']:.0f}%"
+    return f"{100 * row['ideal_flops'] / ours['median'] / run.peak_flops[dtype]:.0f}%"
+
+
+def nvidia_a100_cell(row):
+    """Ours' training tokens/s over NVIDIA's published one-A100 figure for the same recipe, where there is one."""
+    published, ours = row.get("nvidia_a100_tokens_per_second"), row["sides"]["ours"]
+    if not published or ours["status"] != "measured":
+        return "-"
+    return f"{rate(ours, row)[0] / published:.2f}x of {published:,}"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--legacy-python", help=f"python of a transformers==4.37.2 venv (default: ${LEGACY_PYTHON_ENV})")
     parser.add_argument("--output", default="benchmark-results", help="folder for results.json and results.md")
-    parser.add_argument("--configs", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, help="default: all (--quick: all but compile)")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CASES),
+                        help=f"default: {' '.join(CASES)} (recipes: the papers' sizes, `recipe_cases`)")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS,
+                        help="default: all (--quick: all but compile; --configs recipes or --autocast bf16: "
+                             f"{' '.join(AUTOCAST_WORKLOADS)})")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="torch's threads, here and in every worker")
     parser.add_argument("--device", default="cpu", help="where every side runs: cpu (default) or cuda[:N]")
     parser.add_argument("--attn-implementation", default="sdpa", choices=ATTENTION_IMPLEMENTATIONS,
                         help="passed to from_pretrained where a side's model supports it, else eager (default sdpa)")
+    parser.add_argument("--autocast", default="off", choices=["off", "bf16"],
+                        help="bf16: every side's evaluation and training under torch.autocast(bfloat16) "
+                             f"(the {', '.join(AUTOCAST_WORKLOADS[1:])} workloads only)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the command")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="time both sides with glibc keeping freed memory for reuse (KEEP_FREED_MEMORY_ENV)")
-    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        folder, implementation, threads, device, attn_implementation = args.worker
-        return worker_main(folder, implementation, int(threads), device, attn_implementation)
+        folder, implementation, threads, device, attn_implementation, autocast = args.worker
+        return worker_main(folder, implementation, int(threads), device, attn_implementation, autocast)
     try:
         args.device = str(parse_device(args.device))
     except ValueError as error:
         parser.error(str(error))
     if args.quick:
         args.rounds, args.warmup = min(args.rounds, 2), min(args.warmup, 1)
-    workloads = args.workloads or [w for w in WORKLOADS if not (args.quick and w == "compile")]
+    if args.workloads:
+        workloads = args.workloads
+    elif args.configs == ["recipes"] or args.autocast != "off":
+        workloads = AUTOCAST_WORKLOADS
+    else:
+        workloads = [w for w in WORKLOADS if not (args.quick and w == "compile")]
+    if args.autocast != "off" and set(workloads) - set(AUTOCAST_WORKLOADS):
+        parser.error(f"--autocast {args.autocast} measures the {', '.join(AUTOCAST_WORKLOADS)} workloads only, not "
+                     + ", ".join(sorted(set(workloads) - set(AUTOCAST_WORKLOADS))))  # fmt: skip
     torch.set_num_threads(args.threads)
     if "deploy" in workloads:
         for side, reason in unmeasured_deploy_sides(args).items():
@@ -1017,13 +1267,16 @@ def measure(run: Run, workloads: list[str]):
     args = run.args
     if "peak" in workloads:
         measure_peak(run, "start")
-    cases = QUICK_CASES if args.quick else [case for name in args.configs for case in CASES[name]]
+    cases = chosen_cases(args.configs, args.quick)
+    if torch.device(args.device).type == "cuda":
+        cases = [replace(case, batch=case.cuda_batch or case.batch) for case in cases]
+    shared = memory_in_timing_workers(args, workloads)
     for index, case in enumerate(cases):
         folder = run.workdir / f"{index}-{case.model}"
         write_case_folder(case, folder)
         if "throughput" in workloads:
-            measure_throughput(run, case, folder)
-        if "memory" in workloads:
+            measure_throughput(run, case, folder, memory=shared)
+        if "memory" in workloads and not shared:
             measure_memory(run, case, folder)
         first_of_model = case is next(c for c in cases if c.model == case.model)
         if "bf16" in workloads and first_of_model:
@@ -1032,6 +1285,8 @@ def measure(run: Run, workloads: list[str]):
             measure_variants(run, case, folder, "compiled")
         if "stream" in workloads and case.model == "transfo-xl" and first_of_model:
             measure_stream(run, case, folder)
+        shutil.rmtree(folder)  # (the recipes' weights: up to 1.3 GB a case)
+        write_results(run, Path(args.output), finished=False)
     if "deploy" in workloads:
         for index, case in enumerate(deploy_cases(args.quick)):
             folder = run.workdir / f"deploy-{index}-{case.model}"
@@ -1050,8 +1305,9 @@ def measure(run: Run, workloads: list[str]):
         measure_peak(run, "end")
 
 
-def write_results(run: Run, output: Path):
-    """DIR/results.json and DIR/results.md, each written whole under a temporary name and then renamed."""
+def write_results(run: Run, output: Path, finished: bool = True):
+    """DIR/results.json and DIR/results.md, each written whole under a temporary name and then renamed: after every
+    case (`finished` false: what a run stopped by a time limit, as on a lent GPU, leaves), and at the end."""
     args = run.args
     output.mkdir(parents=True, exist_ok=True)
     results = {
@@ -1064,19 +1320,24 @@ def write_results(run: Run, output: Path):
         "gemv_bytes_per_second": run.gemv_bandwidth,
         "threads": args.threads,
         "quick": args.quick,
+        "configs": args.configs,
+        "autocast": args.autocast,
         "legacy_python": legacy_python(args.legacy_python),
         "matmul_peak_flops": run.peak_flops,
         "matmul_peak_measurements": run.peak_measurements,
         "gemv_measurements": run.gemv_measurements,
         "worker_env": KEEP_FREED_MEMORY_ENV if args.keep_freed_memory else {},
         "rows": run.rows,
+        "finished": finished,
     }
-    for name, text in (("results.json", json.dumps(results, indent=1)), ("results.md", markdown(run))):
+    table = markdown(run) if finished else f"(the run had not finished: the cases measured so far)\n\n{markdown(run)}"
+    for name, text in (("results.json", json.dumps(results, indent=1)), ("results.md", table)):
         partial = output / f".{name}.partial"
         partial.write_text(text)
         partial.replace(output / name)
-    print(f"\nwrote {output / 'results.json'} and {output / 'results.md'}\n")
-    print(markdown(run))
+    if finished:
+        print(f"\nwrote {output / 'results.json'} and {output / 'results.md'}\n")
+        print(table)
 
 
 if __name__ == "__main__":

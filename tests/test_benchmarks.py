@@ -199,6 +199,161 @@ def test_quick_run_with_the_legacy_venv(tmp_path):
     assert not [line for line in table.splitlines() if "not measured" in line and "4.37.2" in line]
 
 
+def test_gpu_session_script_runs_the_recipes_end_to_end_on_cpu_at_tiny_size(tmp_path):
+    """benchmarks/gpu_session.sh, the GPU session's one command, through its device switch on CPU with --quick: the
+    recipes' tiny stand-ins (one per model and task), every side under bf16 autocast (transformers 4.37.2's too,
+    with the legacy venv: its adaptive embedding fails under autocast unless run without it), throughput and memory
+    rows (the memory in the throughput's workers), NVIDIA's A100 column on the recipe that has a figure, and the log."""
+    legacy = bool(os.environ.get(LEGACY_ENV))
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), WHEELS=str(tmp_path / "no-wheels"))
+    subprocess.run([str(ROOT / "benchmarks" / "gpu_session.sh"), "--quick", "--device", "cpu", "--threads", "1"],
+                   check=True, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL)  # fmt: skip
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert results["configs"] == ["recipes"] and results["autocast"] == "bf16" and results["finished"] is True
+    assert "every side's evaluation and training under bf16 autocast" in table.splitlines()[0]
+    assert "**Throughput (bf16 autocast)" in table and "**Peak memory of a training step (bf16 autocast" in table
+    rows = {(row["section"], row["config"], row["workload"]): row for row in results["rows"]}
+    cases = {"wt103 large": "transformers 4.37.2", "xlnet-base classification": "transformers 5",
+             "xlnet-base permutation LM": "transformers 5"}  # fmt: skip
+    workloads = {"throughput": ["evaluation (loss)", "training forward + backward", "training step (AdamW)"],
+                 "memory": ["training step, peak above the trained model"]}  # fmt: skip
+    assert set(rows) == {(section, case, w) for case in cases for section, names in workloads.items() for w in names}
+    for (section, case, workload), row in rows.items():
+        assert list(row["sides"]) == ["ours", cases[case]]
+        assert row["sides"]["ours"]["status"] == "measured", (case, workload)
+        reference = "not measured" if cases[case] == "transformers 4.37.2" and not legacy else "measured"
+        assert row["sides"][cases[case]]["status"] == reference, (case, workload, row["sides"])
+    for case in cases:  # (bf16 logits: the sides agree to bf16's precision)
+        diff = rows[("throughput", case, "evaluation (loss)")]["max_abs_logit_diff"]
+        assert diff is None if case == "wt103 large" and not legacy else diff < 0.5, case
+    step = rows[("throughput", "wt103 large", "training step (AdamW)")]
+    assert step["nvidia_a100_tokens_per_second"] == 25_084
+    assert "| ours / NVIDIA 1 x A100 (published" in table and "x of 25,084 |" in table
+    assert "max |logit diff| ours vs transformers 5" in (tmp_path / "out" / "log.txt").read_text()
+
+
+def test_recipe_cases_have_the_papers_sizes():
+    """The sizes issue 47 asks for, read from training.recipes and hub_configs (one source of truth), and their tiny
+    stand-ins keep each one's structure."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cases = {case.name: case for case in run.recipe_cases()}
+
+    def size(case, *keys):
+        return tuple(case.config.get(key) for key in keys) + (case.length, case.memory_length)
+
+    transfo_xl = ("n_layer", "d_model", "n_head", "d_inner", "div_val", "vocab_size", "cutoffs")
+    assert size(cases["wt103 base"], *transfo_xl) == (16, 512, 8, 2048, 1, 267735, [20000, 40000, 200000], 192, 192)
+    assert size(cases["wt103 large"], *transfo_xl) == (18, 1024, 16, 4096, 4, 267735, [20000, 40000, 200000], 384, 384)
+    assert size(cases["enwik8 12 layers"], *transfo_xl[:4], "vocab_size", "cutoffs") == (12, 512, 8, 2048, 204, [], 512,
+                                                                                           512)  # fmt: skip
+    xlnet = ("n_layer", "d_model", "n_head", "d_inner", "vocab_size")
+    for name, shape in (("xlnet-base", (12, 768, 12, 3072, 32000)), ("xlnet-large", (24, 1024, 16, 4096, 32000))):
+        for task, label in (("classification", "classification"), ("plm", "permutation LM")):
+            case = cases[f"{name} {label}"]
+            assert (case.model, case.task, size(case, *xlnet)) == ("xlnet", task, (*shape, 512, 0))
+        assert cases[f"{name} permutation LM"].num_predict == 85
+    assert all(case.config["dropout"] == 0 and case.config.get("dropatt", 0) == 0 for case in cases.values())
+    assert {name: case.nvidia_a100 for name, case in cases.items() if case.nvidia_a100} == {
+        "wt103 base": 59_961, "wt103 large": 25_084}  # fmt: skip
+    assert (cases["wt103 base"].cuda_batch, cases["wt103 large"].cuda_batch) == (32, 16)
+    # the words by Zipf's law, as the adaptive softmax meets them in the corpus: most targets in its head cluster
+    tokens = run.random_tokens(cases["wt103 base"], torch.Generator().manual_seed(0))
+    assert tokens.shape == (2, 4, 192) and 0.7 < (tokens < 20000).float().mean() < 0.9
+    uniform = run.random_tokens(cases["enwik8 12 layers"], torch.Generator().manual_seed(0))
+    assert not cases["enwik8 12 layers"].zipf and uniform.shape == (2, 8, 512) and uniform.max() < 204
+    tiny = {case.name: case for case in run.chosen_cases(["recipes"], quick=True)}
+    assert list(tiny) == list(run.QUICK_RECIPES)
+    large = tiny["wt103 large"]
+    assert (large.config["div_val"], len(large.config["cutoffs"]), large.config["vocab_size"]) == (4, 3, 1000)
+    assert large.config["d_embed"] // 4**3 >= 1 and large.batch * large.length <= 32  # (every cluster keeps a width)
+    assert tiny["xlnet-base permutation LM"].task == "plm" and tiny["xlnet-base permutation LM"].num_predict == 4
+    assert run.chosen_cases(["issue"], quick=True) == run.QUICK_CASES  # (--quick's default: unchanged)
+    assert [case.name for case in run.chosen_cases(["issue", "recipes"], quick=False)] == ["issue", "issue", *cases]
+
+
+def test_ideal_flops_bound_the_gemm_flops_ours_spends_from_below(monkeypatch, tmp_path):
+    """`ideal_forward_flops` (the % of peak column) counts the work an evaluation needs, for each task, of the full
+    output and of the loss (the recipes' evaluation: the adaptive softmax's tail clusters score their targets only):
+    ours' GEMM FLOPs (FlopCounterMode) are at least that and within 2x of it at the tiny recipes' shapes (the
+    permutation LM's last layer computes only the query stream, which the output reads)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from dataclasses import replace
+
+    import run
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for index, case in enumerate(run.tiny(case) for case in run.recipe_cases() if "base" in case.name):
+        case = replace(case, length=64, config=dict(case.config, mem_len=64 if case.memory_length else None))
+        run.write_case_folder(case, tmp_path / str(index))
+        session = run.Session(tmp_path / str(index), "ours")
+        for labels in (None, session.labels):
+            with FlopCounterMode(display=False) as counter:
+                session.model(session.input_ids, mems=session.mems or None, labels=labels, **session.extra)
+            ideal = run.ideal_forward_flops(case, labels)
+            assert 1 <= counter.get_total_flops() / ideal < 2, (case.name, labels is None)
+        if case.model == "transfo-xl":  # (the loss: the tail clusters score their targets' positions only)
+            assert case.evaluate_loss and ideal < run.ideal_forward_flops(case)
+
+
+def test_a_failing_side_fails_its_case_rows_and_the_run_goes_on(monkeypatch, tmp_path):
+    """A side whose worker fails (a GPU out of memory, say) fails its case's remaining throughput rows and its memory
+    row with the error's first line, the other side's are not measured, and the partial results say the run has
+    not finished. Workers get --autocast. (Recording workers that answer at once: no processes.)"""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import argparse
+
+    import run
+
+    class Failing:
+        def __init__(self, python, script, *args, env=None):
+            self.implementation, self.autocast = args[2], args[-1]
+            started.append(self)
+
+        def ask(self, request):
+            if self.implementation == "transformers" and request["op"] in ("time", "peak_memory"):
+                raise run.WorkerError("OutOfMemoryError: CUDA out of memory.\nTried to allocate 2.00 GiB")
+            if request["op"] == "logits":
+                torch.save(torch.zeros(2), request["path"])
+            return {"attn_implementation": "eager", "seconds": 1e-3, "bytes": 1}
+
+        def close(self):
+            pass
+
+    started = []
+    monkeypatch.setattr(run, "Worker", Failing)
+    args = argparse.Namespace(threads=1, keep_freed_memory=False, device="cpu", attn_implementation="sdpa",
+                              quick=True, rounds=1, warmup=0, autocast="bf16", legacy_python=None,
+                              configs=["issue"])  # fmt: skip
+    bench = run.Run(args, tmp_path)
+    case = run.QUICK_CASES[1]  # (XLNet: the reference, transformers 5, runs in this python)
+    run.measure_throughput(bench, case, tmp_path, memory=True)
+    assert [worker.autocast for worker in started] == ["bf16", "bf16"]
+    assert [row["section"] for row in bench.rows] == ["throughput"] * 3 + ["memory"]
+    for row in bench.rows:
+        ours, reference = row["sides"].values()
+        assert reference == {"status": "failed", "error": "OutOfMemoryError: CUDA out of memory."}, row["workload"]
+        assert ours["status"] == ("measured" if row["section"] == "memory" else "not measured") and row["ratio"] is None
+    run.write_results(bench, tmp_path / "out", finished=False)
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["finished"] is False
+    assert (tmp_path / "out" / "results.md").read_text().startswith("(the run had not finished")
+
+
+def test_autocast_refuses_the_workloads_it_does_not_apply_to(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import run
+
+    monkeypatch.setattr(sys, "argv", ["run.py", "--autocast", "bf16", "--workloads", "throughput", "deploy"])
+    with pytest.raises(SystemExit):
+        run.main()
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith("--autocast bf16 measures the peak, throughput, memory workloads only, not deploy")
+
+
 def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measurement(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import argparse
@@ -208,7 +363,8 @@ def test_keep_freed_memory_reaches_every_timed_worker_but_not_the_memory_measure
     started = []
     monkeypatch.setattr(run, "Worker", lambda *args, env=None: started.append(env))
     for keep in (False, True):
-        args = argparse.Namespace(threads=2, keep_freed_memory=keep, device="cpu", attn_implementation="sdpa")
+        args = argparse.Namespace(threads=2, keep_freed_memory=keep, device="cpu", attn_implementation="sdpa",
+                                  autocast="off")  # fmt: skip
         bench = run.Run(args, tmp_path)
         bench.worker(tmp_path, "ours")
         bench.worker(tmp_path, "legacy", "python", env=run.MALLOC_ENV)
@@ -242,7 +398,7 @@ def test_deploy_and_bf16_sides_each_start_a_worker_but_share_one_with_quick(monk
     monkeypatch.setattr(run, "Worker", Recording)
     monkeypatch.setattr(run, "DEPLOY_PAUSE", 0.0)
     args = argparse.Namespace(threads=1, keep_freed_memory=False, device="cpu", attn_implementation="sdpa",
-                              quick=quick, rounds=1, warmup=0)  # fmt: skip
+                              quick=quick, rounds=1, warmup=0, autocast="off")  # fmt: skip
     bench = run.Run(args, tmp_path)
     case = run.deploy_cases(quick)[0]
     run.measure_deploy(bench, case, tmp_path, pretrained_shape=quick)
