@@ -33,3 +33,10 @@ def does_not_fit(what: str, model_class: type, problems: list[str], shown: int =
     and shapes), the first `shown` of them (a wrong config can give hundreds)."""
     lines = problems[:shown] + ([f"... and {len(problems) - shown} more"] if len(problems) > shown else [])
     return ValueError(f"{what} does not fit {model_class.__name__} with this config:\n  " + "\n  ".join(lines))
+
+
+def checkpoint_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """`model`'s weights under its checkpoints' names and layouts: XLNet's projections as transformers' XLNet holds
+    them (`XLNetPreTrainedModel.checkpoint_state_dict`), Transformer-XL's as they are."""
+    return model.checkpoint_state_dict() if hasattr(model, "checkpoint_state_dict") else model.state_dict()
+

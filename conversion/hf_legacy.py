@@ -16,7 +16,7 @@ from huggingface_hub.repocard import metadata_load
 from safetensors import SafetensorError, safe_open
 
 from ..modeling import modeling_transfo_xl, modeling_xlnet
-from .converted import ConvertedCheckpoint, does_not_fit
+from .converted import ConvertedCheckpoint, checkpoint_state_dict, does_not_fit
 from .hub_export import SETTINGS_FILE, max_difference
 from .remote_code import OWN_AUTO_CLASS
 from .source_files import check_zip_entries, read_json, refused_pickle
@@ -59,7 +59,7 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
     try:
         stored = stored_shapes(folder)
         with torch.device("meta"):
-            needed = {name: tuple(t.shape) for name, t in model_class(ours).state_dict().items()}
+            needed = {name: tuple(t.shape) for name, t in checkpoint_state_dict(model_class(ours)).items()}
         # Shapes first: transformers' loader fails on a tied weight whose stored shape does not fit (it compares
         # the tie on the meta device), so a config that does not fit the weights would read as a damaged file.
         mismatched = sorted(name for name in stored.keys() & needed.keys() if stored[name] != needed[name])
@@ -85,7 +85,7 @@ def read_hf_legacy(source, config=None) -> ConvertedCheckpoint:
     return ConvertedCheckpoint(
         model_class=model_class,
         config=model.config,
-        state_dict=model.state_dict(),
+        state_dict=checkpoint_state_dict(model),
         source=f"transformers 4.x folder {folder.name} ({head})",
         compare_with_source=partial(max_difference, model),
         compared_with=compared_with,

@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from .converted import ConvertedCheckpoint, does_not_fit
+from .converted import ConvertedCheckpoint, checkpoint_state_dict, does_not_fit
 from .publish import OutputError, StagingFolder
 from .remote_code import full_auto_map
 from .source_files import read_json
@@ -43,7 +43,7 @@ def build_model(converted: ConvertedCheckpoint) -> PreTrainedModel:
     freshly initialised parameters, which keeps the peak memory near one copy of the weights)."""
     with torch.device("meta"):
         model = converted.model_class(converted.config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    expected = {name: tuple(t.shape) for name, t in checkpoint_state_dict(model).items()}
     given = {name: tuple(t.shape) for name, t in converted.state_dict.items()}
     problems = [f"missing {name} {list(shape)}" for name, shape in expected.items() if name not in given]
     problems += [f"unexpected {name} {list(shape)}" for name, shape in given.items() if name not in expected]
@@ -56,7 +56,7 @@ def build_model(converted: ConvertedCheckpoint) -> PreTrainedModel:
         raise does_not_fit(f"The weights of {converted.source}", converted.model_class, problems)
     model.load_state_dict(converted.state_dict, assign=True)
     model.tie_weights()
-    for name, tensor in model.state_dict().items():  # a tie the config asks for must hold in the weights
+    for name, tensor in checkpoint_state_dict(model).items():  # a tie the config asks for must hold in the weights
         source = converted.state_dict[name]
         if tensor.data_ptr() != source.data_ptr() and not torch.equal(tensor, source):
             raise ValueError(

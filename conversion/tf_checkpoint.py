@@ -31,7 +31,7 @@ from ..modeling.modeling_xlnet import (
     XLNetLMHeadModel,
 )
 from ..modeling.relative_attention import sinusoid_inverse_frequencies
-from .converted import ConvertedCheckpoint, does_not_fit
+from .converted import ConvertedCheckpoint, checkpoint_state_dict, does_not_fit
 from .source_files import read_json
 from .tf_bundle import TFCheckpoint, checkpoint_prefix
 
@@ -110,7 +110,7 @@ def _assemble(checkpoint: TFCheckpoint, table: list[Variable], model_class, conf
         raise does_not_fit(f"TF checkpoint {checkpoint.prefix}", model_class, problems)
 
     with torch.device("meta"):
-        expected = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
+        expected = {key: tuple(value.shape) for key, value in checkpoint_state_dict(model_class(config)).items()}
     state = dict(computed)
     for variable in logging.tqdm(table, desc="Reading TF variables", unit="variable"):
         tensor = checkpoint.read(variable.name)

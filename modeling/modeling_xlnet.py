@@ -5,6 +5,7 @@ softmax_x(e(x)^T g). `perm_mask[b, i, j] = 1`: i may not see j; `target_mapping[
 j (none: no query stream). Names, inputs and outputs (`mems`: [mem_len, batch, d_model] per layer) are transformers'
 `XLNet*`'s; inside, tensors are batch-first."""
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -99,7 +100,6 @@ class XLNetRelativeAttention(nn.Module):
         self.seg_embed = nn.Parameter(torch.empty(2, config.n_head, config.d_head))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
-        self.register_state_dict_post_hook(_save_layout)
         self.register_load_state_dict_pre_hook(_load_layout)
 
     def _heads(self, x: torch.Tensor, projection) -> torch.Tensor:
@@ -253,12 +253,6 @@ def _checkpoint_tensor(name: str, weight: torch.Tensor, heads: int) -> torch.Ten
 
 def _linear_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.flatten(1) if name == "o" else tensor.flatten(1).t()).contiguous()
-
-
-def _save_layout(module, state_dict, prefix, *args):  # (an adapter's q.base_layer.weight stays)
-    for name in PROJECTIONS:
-        if (key := prefix + name) + ".weight" in state_dict:
-            state_dict[key] = _checkpoint_tensor(name, state_dict.pop(key + ".weight"), module.n_head)
 
 
 def _load_layout(module, state_dict, prefix, *args):
@@ -460,6 +454,20 @@ class XLNetPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         # The memory is the legacy `mems` tuple, not a transformers Cache: never DynamicCache.
         return False
+
+    def checkpoint_state_dict(self, state_dict: dict | None = None) -> dict:
+        """`state_dict` (default: the model's) with q, k, v, o, r under transformers' names, in its XLNet's [d_model,
+        H, D] layout: what `save_pretrained` writes. The model's own state dict matches its parameters (FSDP, DCP)."""
+        held = {}
+        for key, tensor in (self.state_dict() if state_dict is None else state_dict).items():
+            if projection := re.fullmatch(r"(.*\brel_attn\.([qkvor]))\.weight", key):
+                key, tensor = projection[1], _checkpoint_tensor(projection[2], tensor, self.config.n_head)
+            held[key] = tensor
+        return held
+
+    def save_pretrained(self, *args, state_dict: dict | None = None, **kwargs):
+        """transformers' saving, with `checkpoint_state_dict`'s names and layout."""
+        return super().save_pretrained(*args, state_dict=self.checkpoint_state_dict(state_dict), **kwargs)
 
     @staticmethod
     def _load_pretrained_model(model, *args, **kwargs):

@@ -154,15 +154,16 @@ def test_adapters_save_load_and_merge(family, tmp_path):
 
 
 def test_a_merged_xlnet_loads_in_transformers_xlnet(tmp_path):
-    """A merged classifier saves transformers' names and layout (`rel_attn.q` [d_model, n_head, d_head], also in
-    `state_dict()`) and loads in transformers' own XLNetForSequenceClassification, and in ours, with its logits."""
+    """A merged classifier saves transformers' names and layout (`rel_attn.q` [d_model, n_head, d_head]: its
+    `checkpoint_state_dict()`; its `state_dict()` names its parameters, as FSDP and DCP need) and loads in transformers' own XLNetForSequenceClassification, and in ours, with its logits."""
     model = lora(tiny_classifier(), FAMILIES["xlnet"][2], task_type="SEQ_CLS")
     assert {name.rsplit(".", 1)[-1] for name in adapted_modules(model)} == set(FAMILIES["xlnet"][2])
     inputs = ids()
     with torch.no_grad():
         adapted = model(inputs).logits
     merged = model.merge_and_unload()
-    assert merged.state_dict()["transformer.layer.0.rel_attn.q"].shape == (16, 2, 8)
+    assert merged.checkpoint_state_dict()["transformer.layer.0.rel_attn.q"].shape == (16, 2, 8)
+    assert merged.state_dict().keys() == dict(merged.named_parameters()).keys() | dict(merged.named_buffers()).keys()
     merged.save_pretrained(tmp_path)
     theirs = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path).eval()
     ours = XLNetForSequenceClassification.from_pretrained(tmp_path).eval()
