@@ -1,5 +1,6 @@
-"""Where a call's time goes: torch.profiler's op table and the GEMM FLOPs (`FlopCounterMode`) of one evaluation or
-training forward + backward, at the configurations of `run.py`, for ours or a reference.
+"""Where a call's time goes: torch.profiler's op table and the GEMM FLOPs (`FlopCounterMode`'s formulas; by op and
+by input shapes) of one evaluation or training forward + backward, at the configurations of `run.py`, for ours or a
+reference.
 
     python benchmarks/profile_step.py [--config issue] [--model transfo-xl] [--workload train]
                                       [--implementation ours|transformers|legacy] [--legacy-python PYTHON] [--rows 30]
