@@ -86,7 +86,7 @@ class XLNetRelativeAttention(nn.Module):
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
-        self.config = config  # read at every call, so that `set_attn_implementation` takes effect
+        self.config = config  # read at every call: `set_attn_implementation` takes effect
         self.n_head, self.d_head = config.n_head, config.d_head
         self.bi_data = config.bi_data
         self.scale = config.d_head**-0.5
@@ -142,7 +142,7 @@ class XLNetRelativeAttention(nn.Module):
         pad = pad_to_block if flex and slot_columns is None else lambda x: x  # (flex's rounded lengths)
         # (b) + (d) per distance, scaled
         position_query, position_keys = pad((query + self.r_r_bias[:, None].to(dtype)) * self.scale), pad(position_keys)
-        if position_keys.dim() == 5:  # bi_data: forward distances for the first half of the batch, backward after
+        if position_keys.dim() == 5:  # bi_data: forward distances for the batch's first half, then backward
             scores = torch.matmul(position_query.unflatten(0, (2, -1)), position_keys.transpose(-1, -2)).flatten(0, 1)
         else:
             scores = distance_scores(position_query, position_keys)
@@ -150,21 +150,22 @@ class XLNetRelativeAttention(nn.Module):
         if segment_mismatch is not None:  # (q_i + b)^T s_ij: s_ij = seg_embed[0] within a segment, [1] across
             segment_query = (query + self.r_s_bias[:, None].to(dtype)) * self.scale
             segment = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
-        if slot_columns is not None:  # (ring order: a gather, not the shift; `_slot_masks`'s additive mask)
+        if slot_columns is not None:  # (ring order: a gather, not the shift)
             scores, offset = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1)).add_(mask), None
             scores, mask = pad_to_block(pad_to_block(scores), -1) if flex else scores, None
         if flex:  # every term read in the score_mod
             bias = dict(position_scores=scores, shift_offset=offset, segment_scores=segment,
                         segment_mismatch=segment_mismatch)  # fmt: skip
-        else:  # every term but (a) + (c), written into the shifted scores (a view)
-            position_bias = scores if offset is None else relative_shift(scores, key.shape[2], offset)
+        else:  # every term but (a) + (c), in the shifted scores (a view, in distance_scores' [H, B] order: no copy)
+            swap = (lambda x: x.transpose(0, 1)) if position_keys.dim() == 3 else (lambda x: x)
+            position_bias = scores if offset is None else swap(relative_shift(swap(scores), key.shape[2], offset))
             if segment is not None:
                 position_bias.add_(torch.where(segment_mismatch[:, None], segment[..., 1:], segment[..., :1]))
             if mask is not None:  # True where query i may not see key j
                 mask_scores_(position_bias, mask)
             bias, mask = {}, position_bias
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        # ((q + u) @ key: terms (a) + (c); mask: eager's / sdpa's other terms, flex's FlexMask or None)
+        # ((q + u) @ key: (a) + (c); mask: the other terms, flex's FlexMask, None)
         return attention_interface(self, query + self.r_w_bias[:, None].to(dtype), key, value, mask, dropout=dropout,
                                    scaling=self.scale, is_causal=False, **bias)  # fmt: skip
 
@@ -190,7 +191,7 @@ class XLNetRelativeAttention(nn.Module):
             memory = None if memory is None else memory.to(content.dtype)
             key, value = key_values_over(memory, *self.project_keys_values(content), self.project_keys_values)
 
-        # The rows of h and g go through q and o together.
+        # (h and g: one q, one o product)
         update_content = update_content or query_stream is None
         streams = [stream for stream in (content if update_content else None, query_stream) if stream is not None]
         rows = torch.cat(streams, dim=1) if len(streams) > 1 else streams[0]
@@ -201,8 +202,7 @@ class XLNetRelativeAttention(nn.Module):
         if query_after_content and (
             slot_columns is not None or content_mask is None and query_mask is None and segment_mismatch is None
         ):
-            # Next-token prediction with one mask (or none): the query row sits where one more content row would
-            # (shift offset `length`): one call serves both streams.
+            # Next-token prediction, one mask or none: one call, the query row as a content row after (offset `length`).
             if slot_columns is not None:  # (the last layer may update the query row only)
                 slot_columns, query_mask = slot_columns[-queries.shape[2] :], query_mask[:, :, -queries.shape[2] :]
             attention, probs = self._attend(queries, key, value, position_keys, query_mask, None, output_attentions,

@@ -558,3 +558,25 @@ def test_memory_breakdown_tracks_what_is_alive_at_the_peak_and_what_autograd_sav
     assert sorted((size, saved) for size, _, saved in tracker.at_peak.values()) == [
         (64 * kib, True), (64 * kib, True), (128 * kib, False)
     ]
+
+
+def test_profile_step_counts_the_gemm_flops_of_an_xlnet_training_step(monkeypatch):
+    """`profile_step.FlopCounter` counts a training step whose backward calls `autograd.grad` (XLNet's recomputed
+    feed-forward activation), where `FlopCounterMode` fails, and gives FlopCounterMode's count where both run."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import profile_step
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from transformers_xl import XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=50, d_model=16, n_layer=1, n_head=2, d_inner=32, dropout=0.0)
+    model, ids = XLNetLMHeadModel(config).train(), torch.randint(0, 50, (2, 8))
+    with profile_step.FlopCounter() as counter:
+        model(ids, labels=ids).loss.backward()
+    feed_forward = 3 * 4 * 2 * 8 * 16 * 32  # (forward + backward) x its two products
+    assert sum(counter.counts.values()) > feed_forward
+    layer, hidden = torch.nn.Linear(16, 32), torch.randn(4, 16, requires_grad=True)
+    with profile_step.FlopCounter() as ours, FlopCounterMode(display=False) as torch_count:
+        layer(hidden).sum().backward()
+    assert sum(ours.counts.values()) == torch_count.get_total_flops() == 3 * 2 * 4 * 16 * 32

@@ -1,7 +1,7 @@
 """What a training step keeps and copies (its peak memory, issue 38; docs/benchmarks.md): the loss's backward makes no
 [N, V] tensor, the position scores keep no per-row copy of the position keys, the mask written into the shifted
-scores leaves no in-place copy node in the graph, and XLNet's feed-forward keeps no activation output, each with the
-values torch's own operations give."""
+scores leaves no in-place copy node in the graph, XLNet's position scores get their gradient without a layout copy and
+its feed-forward keeps no activation output, each with the values torch's own operations give."""
 
 import pytest
 import torch
@@ -142,3 +142,20 @@ def test_xlnet_feed_forward_under_autocast_gives_autograds_gradients_in_the_para
     for grad, expected_grad, parameter in zip(grads, expected_grads, (inner, weight, bias), strict=True):
         assert grad.dtype == parameter.dtype
         torch.testing.assert_close(grad, expected_grad, rtol=2e-2, atol=2e-2)
+
+
+def test_xlnet_position_scores_get_their_gradient_without_a_layout_copy():
+    """The position product's [B, H, q, R] scores are a view of its [H, B, q, R] output; shifted in that order, the
+    backward hands the product its gradient without copying it into that layout (2% of a training step)."""
+    from transformers_xl import XLNetConfig, XLNetLMHeadModel
+
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=30, d_model=16, n_layer=1, n_head=2, d_inner=32, mem_len=4, dropout=0.0)
+    model, ids = XLNetLMHeadModel(config).train(), torch.randint(0, 30, (3, 5))
+    loss = model(ids, mems=[torch.randn(4, 3, 16)], labels=ids, use_mems=True).loss
+    made = ShapesMade()
+    with made:
+        loss.backward()
+    heads, batch, queries, distances = 2, 3, 5, 4 + 5 + 5  # (bi attention: R = k + q)
+    assert (heads, batch, queries, distances) not in made.shapes
+    assert (heads, batch * queries, 8) in made.shapes  # (the product's query gradient, so the backward was seen)
