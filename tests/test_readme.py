@@ -23,7 +23,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 SKIP_MARK = re.compile(r"<!-- readme-test: skip \((?P<reason>[^)]+)\) -->")
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # the XLNet fine-tuning and pretraining recipes (their data and a Hub tokenizer); int8 quantization (torchao)
-SKIPPED = {"docs/xlnet.md": 2, "docs/deployment.md": 1}
+SKIPPED = {"docs/xlnet.md": 2, "docs/deployment.md": 1, "docs/training.md": 1}
 
 
 def python_blocks(text: str):
