@@ -586,7 +586,7 @@ def write_case_folder(case: Case, folder: Path):
     folder.mkdir(parents=True)
     model.config.architectures = [model_class.__name__]
     model.config.save_pretrained(folder)
-    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    torch.save(getattr(model, "checkpoint_state_dict", model.state_dict)(), folder / "pytorch_model.bin")
     generator = torch.Generator().manual_seed(0)
     first, second = random_tokens(case, generator)
     inputs = {"input_ids": second, "labels": second, "mems": [], "evaluate_loss": case.evaluate_loss}

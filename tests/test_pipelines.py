@@ -120,7 +120,7 @@ def test_batched_xlnet_pipeline_equals_transformers(xlnet):
     the attention mask, and so does ours), so a batch is compared with transformers' XLNet on the same batch."""
     model, tokenizer = xlnet
     reference = transformers.XLNetLMHeadModel(transformers.XLNetConfig(vocab_size=len(tokenizer), **TINY_XLNET))
-    reference.load_state_dict(model.state_dict())
+    reference.load_state_dict(model.checkpoint_state_dict())
     prompts, settings = [PROMPT, "a dog ran"], dict(batch_size=2, max_new_tokens=4, do_sample=False)
     reference_pipeline = pipeline("text-generation", model=reference.eval(), tokenizer=tokenizer, prefix="")
     expected = reference_pipeline(prompts, **settings)  # (prefix: transformers' XLNet gets no "XL prefix" either)
