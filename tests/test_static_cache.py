@@ -3,6 +3,7 @@ with decoding steps of fixed shapes, compiled by generate() without graph breaks
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import CompileConfig, DynamicCache, StaticCache
 
 from greedy_decoding import assert_greedy_decodings_agree
@@ -137,13 +138,8 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
     """generate() compiles the step as for transformers' own models (`compile_config`; on CPU only with
     `_compile_all_devices`): one graph for every step of 256 tokens and of another prompt length, the memory
     wrapping around the slots many times."""
-    from torch._dynamo.utils import counters
-
     model = scrambled_lm(mem_len=MEM_LEN, same_length=True)
-    config = CompileConfig(fullgraph=True, mode="default", dynamic=False)
-    config._compile_all_devices = True
-    torch._dynamo.reset()
-    counters.clear()
+    config = counting_compile_config(mode="default")
     for length, new_tokens in ((5, 256), (2 * MEM_LEN + 1, 3 * MEM_LEN)):
         ids = prompt(2, length)
         default = model.generate(
@@ -157,8 +153,7 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
         assert_greedy_decodings_agree(
             compiled.sequences, compiled.scores, default.sequences, default.scores, atol=TOLERANCE
         )
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+    assert_one_graph()
 
 
 def test_the_caches_are_what_transformers_tests_check():
@@ -188,19 +183,13 @@ def test_the_caches_are_what_transformers_tests_check():
 def test_a_shorter_generation_reuses_the_compiled_step():
     """transformers' test_static_cache_no_recompile_with_smaller_length: the slots follow generate()'s cache length
     (here shorter than the memory), never fewer than the last call's, so a shorter call runs the same graph."""
-    from torch._dynamo.utils import counters
-
     model = scrambled_lm(mem_len=MEM_LEN)
-    config = CompileConfig(fullgraph=True, dynamic=False, backend="eager")  # (dynamo counts the graphs)
-    config._compile_all_devices = True
-    torch._dynamo.reset()
-    counters.clear()
+    config = counting_compile_config(backend="eager")  # (dynamo counts the graphs)
     for new_tokens in (5, 2):
         out = model.generate(prompt(2, 3), do_sample=False, max_new_tokens=new_tokens, cache_implementation="static",
                              compile_config=config, return_dict_in_generate=True)  # fmt: skip
         assert out.cache.get_max_length() == 3 + 5 - 1
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+    assert_one_graph()
 
 
 def test_flex_attention_steps_equal_eager_ones():
@@ -217,3 +206,18 @@ def test_flex_attention_steps_equal_eager_ones():
                                       do_sample=False, return_dict_in_generate=True, output_scores=True))  # fmt: skip
     eager, flex = outputs
     assert_greedy_decodings_agree(flex.sequences, flex.scores, eager.sequences, eager.scores, atol=TOLERANCE)
+
+
+def counting_compile_config(**options) -> CompileConfig:
+    """generate()'s `compile_config` (on CPU too: `_compile_all_devices`), with Dynamo reset: its `counters` then
+    count this test's graphs, graph breaks and recompilations (`assert_one_graph`)."""
+    config = CompileConfig(fullgraph=True, dynamic=False, **options)
+    config._compile_all_devices = True
+    torch._dynamo.reset()
+    counters.clear()
+    return config
+
+
+def assert_one_graph():
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])

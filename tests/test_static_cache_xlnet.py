@@ -4,11 +4,12 @@ or host syncs."""
 
 import pytest
 import torch
-from transformers import CompileConfig, DynamicCache, StaticCache
+from transformers import DynamicCache, StaticCache
 
 from greedy_decoding import assert_greedy_decodings_agree
 from host_syncs import HostSyncCounter
 from test_generation_xlnet import ids, scrambled_pair
+from test_static_cache import assert_one_graph, counting_compile_config
 from transformers_xl.modeling.memory_cache import MemoryCache, StaticMemoryCache
 
 # The keys are summed in slot order and the position scores gathered, not shifted: rounding differs by a few 1e-6
@@ -132,13 +133,8 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
     """generate() compiles the step as for transformers' own models (`compile_config`; on CPU only with
     `_compile_all_devices`): one graph for every step of 256 tokens and of a shorter prompt (mem_len None: the slots
     stay those of the first call's max_length, as transformers' StaticCache)."""
-    from torch._dynamo.utils import counters
-
     model = scrambled_lm(mem_len=None)
-    config = CompileConfig(fullgraph=True, mode="default", dynamic=False)
-    config._compile_all_devices = True
-    torch._dynamo.reset()
-    counters.clear()
+    config = counting_compile_config(mode="default")
     for length, new_tokens in ((9, 256), (4, 20)):
         settings = dict(do_sample=False, max_new_tokens=new_tokens, pad_token_id=PAD, return_dict_in_generate=True,
                         output_scores=True)  # fmt: skip
@@ -147,8 +143,7 @@ def test_compiled_steps_equal_eager_ones_without_graph_breaks_or_recompilation()
         assert_greedy_decodings_agree(
             compiled.sequences, compiled.scores, default.sequences, default.scores, atol=TOLERANCE
         )
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+    assert_one_graph()
 
 
 # transformers' XLNet tester's reuse_len (15, longer than the prompt), one shorter than the prompt (its steps then
@@ -181,19 +176,13 @@ def test_the_caches_are_what_transformers_tests_check():
 def test_a_shorter_generation_reuses_the_compiled_step():
     """transformers' test_static_cache_no_recompile_with_smaller_length, with its XLNet tester's reuse_len: the
     slots follow generate()'s cache length, never fewer than the last call's, so a shorter call runs the same graph."""
-    from torch._dynamo.utils import counters
-
     model = scrambled_lm(mem_len=30, reuse_len=15)
-    config = CompileConfig(fullgraph=True, dynamic=False, backend="eager")  # (dynamo counts the graphs)
-    config._compile_all_devices = True
-    torch._dynamo.reset()
-    counters.clear()
+    config = counting_compile_config(backend="eager")  # (dynamo counts the graphs)
     for new_tokens in (5, 2):
         out = model.generate(ids(2, 7), do_sample=False, max_new_tokens=new_tokens, cache_implementation="static",
                              compile_config=config, pad_token_id=PAD, return_dict_in_generate=True)  # fmt: skip
         assert out.cache.get_max_length() == 7 + 5 - 1
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    assert not counters["graph_break"] and not counters["recompiles"], (counters["graph_break"], counters["recompiles"])
+    assert_one_graph()
 
 
 def test_flex_attention_steps_equal_eager_ones():
