@@ -23,7 +23,7 @@ WHEELS=${WHEELS:-.whl}  # (the test points it elsewhere: wheels downloaded here 
 BUDGET=${BUDGET:-570}  # (the device tool stops a command after 600 s)
 
 if [[ ${1:-} == --download ]]; then
-    # pip's platform flags of the GPU machine's python 3.12 (/work/.library/device/README.md)
+    # pip's platform flags of the GPU machine's python (3.12, manylinux x86_64)
     platform=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
               --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
     version=$("$PYTHON" -c "import transformers; print(transformers.__version__)")
@@ -34,8 +34,6 @@ if [[ ${1:-} == --download ]]; then
         tokenizers==0.15.2 huggingface_hub==0.36.2
     rm -f "$WHEELS.partial"/*/numpy-*.whl  # (the machine's numpy is the one its torch was built with)
     rm -rf "$WHEELS" && mv "$WHEELS.partial" "$WHEELS"
-    grep -qx "/$WHEELS/" "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null \
-        || echo "/$WHEELS/" >>"$(git rev-parse --git-common-dir)/info/exclude"
     du -sh "$WHEELS"
     exit 0
 fi
@@ -50,8 +48,8 @@ mkdir -p "$output"
 legacy=()  # (run.py's default: $TRANSFORMERS_XL_LEGACY_PYTHON)
 
 if [[ -d $WHEELS ]]; then
-    site=/tmp/gpu-session
-    rm -rf "$site" && mkdir -p "$site"
+    site=$(mktemp -d)  # (the installs: a folder of its own, removed at exit)
+    trap 'rm -rf "$site"' EXIT
     install=("$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir)
     "${install[@]}" --target "$site/ours" "$WHEELS"/ours/*.whl
     "${install[@]}" --no-build-isolation --target "$site/package" .  # (this checkout, built there)
