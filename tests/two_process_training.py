@@ -6,6 +6,7 @@ fed an empty memory or exactly the one its previous forward returned, and the ev
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -51,9 +52,10 @@ def main(out):
         "eval_loss": metrics["eval_loss"],
     }
     Path(out, f"rank{args.process_index}.json").write_text(json.dumps(result))
-    # Leave the process group before exiting: a gloo group still alive at interpreter exit can abort the process
-    # ("terminate called without an active exception") after everything else succeeded.
+    # Leave the process group, then skip the interpreter's teardown: gloo's threads can still abort a finished rank
+    # there ("terminate called without an active exception", seen on a loaded machine) after its results are written.
     trainer.accelerator.end_training()
+    os._exit(0)
 
 
 if __name__ == "__main__":
