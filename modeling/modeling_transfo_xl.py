@@ -373,7 +373,7 @@ class TransfoXLAttention(nn.Module):
                 r_bias = torch.cat([r_bias[:1].expand(extra, -1), r_bias])
             r_emb, r_bias = r_emb[-key_length:], r_bias[-key_length:]
             scores = torch.matmul(query, r_emb.permute(1, 2, 0).to(query.dtype)) + r_bias.t()[:, None, :]
-            return pad(pad(F.pad(scores * self.scale, (0, 1))), -1)
+            return pad(F.pad(scores * self.scale, (0, 1)), -2, -1)
         return None
 
     def _slot_position_scores(self, query, position_keys, slot_distances, r_r_bias):
@@ -411,9 +411,9 @@ class TransfoXLAttention(nn.Module):
         if slot_distances is not None:  # (scores per key slot: unshifted)
             position_scores = self._slot_position_scores(query, position_keys, slot_distances, r_r_bias)
             if flex:
-                position_scores = pad_to_block(pad_to_block(position_scores), -1)
+                position_scores = pad_to_block(position_scores, -2, -1)
         else:
-            pad = pad_to_block if flex else lambda x, dim=-2: x
+            pad = pad_to_block if flex else lambda x, *dims: x
             position_scores = self._position_scores(query, key.shape[2], position_keys, r_r_bias, pad)
         if flex:  # the position scores read per distance in flex's score_mod
             offset = None if slot_distances is not None or position_scores is None else query_length - 1

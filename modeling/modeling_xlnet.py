@@ -82,7 +82,7 @@ class XLNetRelativeAttention(nn.Module):
                  + (q_i + b)^T s_ij           segment; b = `r_s_bias`, s_ij = `seg_embed`[0 if same segment else 1]
 
     Both streams attend to the content keys and values over [memory; segment]. q, k, v, o, r are `nn.Linear`
-    layers; state dicts hold them in transformers' [d_model, n_head, d_head] layout."""
+    layers; saved files hold them in transformers' [d_model, n_head, d_head] layout (`checkpoint_state_dict`)."""
 
     def __init__(self, config: XLNetConfig):
         super().__init__()
@@ -152,7 +152,7 @@ class XLNetRelativeAttention(nn.Module):
             segment = torch.matmul(segment_query, self.seg_embed.to(dtype).permute(1, 2, 0))  # [B, H, q, 2]
         if slot_columns is not None:  # (ring order: a gather, not the shift)
             scores, offset = scores.gather(-1, slot_columns.expand(*scores.shape[:-1], -1)).add_(mask), None
-            scores, mask = pad_to_block(pad_to_block(scores), -1) if flex else scores, None
+            scores, mask = pad_to_block(scores, -2, -1) if flex else scores, None
         if flex:  # every term read in the score_mod
             bias = dict(position_scores=scores, shift_offset=offset, segment_scores=segment,
                         segment_mismatch=segment_mismatch)  # fmt: skip

@@ -70,11 +70,12 @@ def attention_implementation(config, output_attentions: bool, dropout: float, de
     return name
 
 
-def pad_to_block(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    """`x` zero-padded along `dim` (-2, -1) to a multiple of 128, flex's block: a compiled kernel per rounded shape
-    (torch 2.13's CPU kernel fails to build with dynamic shapes)."""
-    extra = -x.shape[dim] % 128
-    return F.pad(x, (0, 0) * (-1 - dim) + (0, extra)) if extra else x
+def pad_to_block(x: torch.Tensor, *dims: int) -> torch.Tensor:
+    """`x` zero-padded along `dims` (-2, -1; default -2) to multiples of 128, flex's block: a compiled kernel per
+    rounded shape (torch 2.13's CPU kernel fails to build with dynamic shapes)."""
+    dims = dims or (-2,)
+    pads = (0, -x.shape[-1] % 128 if -1 in dims else 0, 0, -x.shape[-2] % 128 if -2 in dims else 0)
+    return F.pad(x, pads) if any(pads) else x
 
 
 class FlexMask(NamedTuple):  # a BlockMask (fully masked blocks are skipped), [B|1, 1, q, 1] rows seeing no key
@@ -87,7 +88,7 @@ def flex_mask(mask: torch.Tensor | None, query_length: int, key_length: int, dev
     empty_rows = None if mask is None else mask.all(-1, keepdim=True)
     if mask is None:
         mask = torch.zeros(1, 1, query_length, key_length, dtype=torch.bool, device=device)
-    allowed = pad_to_block(pad_to_block(~mask[:, 0], -1))  # (padding: masked)
+    allowed = pad_to_block(~mask[:, 0], -2, -1)  # (padding: masked)
     batch = allowed.shape[0] if allowed.shape[0] > 1 else None
     mask_mod = lambda b, h, i, j: allowed[b if batch else 0, i, j]  # noqa: E731
     return FlexMask(create_block_mask(mask_mod, batch, None, *allowed.shape[1:], device=device), empty_rows)
@@ -110,7 +111,7 @@ def flex_attention_forward(module, query, key, value, attention_mask: FlexMask |
         step = position_scores.shape[-1] - (shift_offset is not None)  # (row i: from offset + i step)
         flat, offset = position_scores.flatten(-2), torch.full((), shift_offset or 0, device=query.device)
     if segment_scores is not None:
-        segment_mismatch = pad_to_block(pad_to_block(segment_mismatch), -1)
+        segment_mismatch = pad_to_block(segment_mismatch, -2, -1)
         segment_scores = pad_to_block(segment_scores)
 
     def score_mod(score, b, h, i, j):
